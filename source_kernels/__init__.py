@@ -1,0 +1,22 @@
+"""Multi-scale deformable attention (MSDA) in Triton: the course's operator.
+
+Importing this package picks Triton's CPU interpreter when no CUDA GPU is visible: the
+variable TRITON_INTERPRET must be set before any ``@triton.jit`` runs, so this happens here,
+before the kernel modules are imported.  Set TRITON_INTERPRET yourself to override.
+"""
+import os as _os
+
+import torch as _torch
+
+if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
+    _os.environ["TRITON_INTERPRET"] = "1"
+
+from .reference import msda_grid_sample, msda_naive  # noqa: E402
+from .op import (  # noqa: E402
+    MultiScaleDeformableAttnFunction,
+    multi_scale_deformable_attn,
+)
+from .validate import validate_inputs  # noqa: E402
+
+__all__ = ["MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn", "msda_naive",
+           "msda_grid_sample", "validate_inputs"]

@@ -1,0 +1,135 @@
+"""The MSDA forward kernel and its host wrapper.
+
+One program computes BLOCK_Q queries of one (batch, head) pair over all D channels:
+
+    out[b, q, m, :] = sum over levels l and points k of
+                      attn[b, q, m, l, k] * bilinear(value[b, level l, m, :], loc[b, q, m, l, k])
+
+The tile in registers is (BLOCK_Q, BLOCK_D) with channels the fast axis, so every corner
+gather reads D contiguous elements of one value row (wide over channels: full sectors).
+Locations and weights come through their own pointers, levels and points are unrolled with
+``tl.static_range``, arithmetic is in fp32 (fp64 for fp64 inputs) whatever the input dtype,
+and every flat offset that can pass 2**31 is computed in int64.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .sampling import corner_tile, pixel_corners
+
+__all__ = ["msda_forward", "forward_config", "_msda_forward_kernel"]
+
+
+@triton.jit
+def _msda_forward_kernel(
+    value_ptr,            # (B, S, M, D) contiguous
+    shapes_ptr,           # (L, 2) int64: (H, W) per level
+    starts_ptr,           # (L,) int64: first row of each level inside S
+    loc_ptr,              # (B, Q, M, L, K, 2) contiguous, (x, y) in [0, 1]
+    attn_ptr,             # (B, Q, M, L, K) contiguous
+    out_ptr,              # (B, Q, M, D) contiguous == (B, Q, M*D)
+    S, Q, M, D,
+    L: tl.constexpr, K: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr,
+):
+    pid_q = tl.program_id(0)                       # which block of queries
+    pid_bm = tl.program_id(1)                      # which (batch, head) pair
+    b = pid_bm // M
+    m = pid_bm % M
+
+    offs_q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)   # query indices of this block
+    mask_q = offs_q < Q
+    offs_d = tl.arange(0, BLOCK_D)                     # channel indices (the fast axis)
+    mask_d = offs_d < D
+
+    # Row index of (b, q, m) in the (B, Q, M) grid of the parameters, in int64:
+    # B*Q*M*L*K*2 passes 2**31 well before any single tensor is unusually large.
+    bqm = (b.to(tl.int64) * Q + offs_q) * M + m        # (BLOCK_Q,)
+    param_row = bqm * (L * K)                          # first (l, k) entry of each query
+    # value[b, s, m, d] lives at ((b*S + s)*M + m)*D + d
+    value_bm = value_ptr + (b.to(tl.int64) * S * M + m) * D
+
+    acc = tl.zeros((BLOCK_Q, BLOCK_D), dtype=ACC_DTYPE)
+    for l in tl.static_range(L):
+        height = tl.load(shapes_ptr + 2 * l).to(tl.int32)
+        width = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)
+        start = tl.load(starts_ptr + l)                # int64
+        for k in tl.static_range(K):
+            p = param_row + (l * K + k)
+            # Normalised location -> pixel coordinate (align_corners=False): x * W - 0.5
+            loc_x = tl.load(loc_ptr + 2 * p, mask=mask_q, other=0.0).to(ACC_DTYPE)
+            loc_y = tl.load(loc_ptr + 2 * p + 1, mask=mask_q, other=0.0).to(ACC_DTYPE)
+            weight = tl.load(attn_ptr + p, mask=mask_q, other=0.0).to(ACC_DTYPE)
+            x0, y0, dx, dy, in_x0, in_x1, in_y0, in_y1 = pixel_corners(loc_x, loc_y,
+                                                                      width, height)
+            # The four corners, each a (BLOCK_Q, BLOCK_D) gather of whole value rows.
+            off, msk = corner_tile(start, y0, x0, width, in_y0 & in_x0, mask_q, offs_d,
+                                   mask_d, M * D)
+            v00 = tl.load(value_bm + off, mask=msk, other=0.0).to(ACC_DTYPE)
+            off, msk = corner_tile(start, y0, x0 + 1, width, in_y0 & in_x1, mask_q, offs_d,
+                                   mask_d, M * D)
+            v01 = tl.load(value_bm + off, mask=msk, other=0.0).to(ACC_DTYPE)
+            off, msk = corner_tile(start, y0 + 1, x0, width, in_y1 & in_x0, mask_q, offs_d,
+                                   mask_d, M * D)
+            v10 = tl.load(value_bm + off, mask=msk, other=0.0).to(ACC_DTYPE)
+            off, msk = corner_tile(start, y0 + 1, x0 + 1, width, in_y1 & in_x1, mask_q,
+                                   offs_d, mask_d, M * D)
+            v11 = tl.load(value_bm + off, mask=msk, other=0.0).to(ACC_DTYPE)
+            # Bilinear blend, scaled by the attention weight.
+            w00 = (1 - dy) * (1 - dx)
+            w01 = (1 - dy) * dx
+            w10 = dy * (1 - dx)
+            w11 = dy * dx
+            acc += weight[:, None] * (w00[:, None] * v00 + w01[:, None] * v01
+                                      + w10[:, None] * v10 + w11[:, None] * v11)
+
+    out_ptrs = out_ptr + (bqm * D)[:, None] + offs_d[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
+             mask=mask_q[:, None] & mask_d[None, :])
+
+
+def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(BLOCK_Q, num_warps) for the forward: fixed, chosen by the H200 sweep in
+    ``results/`` (see ``source_kernels.bench``).  Wider rows need fewer queries per program."""
+    block_d = triton.next_power_of_2(max(channels, 1))
+    block_q = max(16, min(64, 2048 // block_d))
+    return block_q, 4
+
+
+def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
+                 attention_weights, *, block_q=None, num_warps=None):
+    """Launch the forward kernel on already-validated, contiguous inputs.
+
+    value (B, S, M, D); spatial_shapes (L, 2) int64; level_start_index (L,) int64;
+    sampling_locations (B, Q, M, L, K, 2); attention_weights (B, Q, M, L, K), all on one
+    device and value/locations/weights of one floating dtype.  Returns (B, Q, M*D).
+    """
+    batch, total, heads, channels = value.shape
+    _, queries, _, levels, points, _ = sampling_locations.shape
+    out = value.new_empty(batch, queries, heads * channels)
+    if out.numel() == 0:
+        return out
+    cfg_q, cfg_warps = forward_config(channels, value.dtype)
+    block_q = block_q or cfg_q
+    num_warps = num_warps or cfg_warps
+    acc_dtype = tl.float64 if value.dtype == torch.float64 else tl.float32
+    grid = (triton.cdiv(queries, block_q), batch * heads)
+    with torch.cuda.device(value.device) if value.is_cuda else _nullcontext():
+        _msda_forward_kernel[grid](
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+            out, total, queries, heads, channels,
+            L=levels, K=points, BLOCK_Q=block_q,
+            BLOCK_D=triton.next_power_of_2(channels), ACC_DTYPE=acc_dtype,
+            num_warps=num_warps,
+        )
+    return out
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,150 @@
+"""Compile the course's kernels for a GPU on a machine without one, and read their atomics.
+
+``triton.compile`` with an ``ASTSource`` and a ``GPUTarget`` runs the whole CUDA pipeline on
+the CPU (Triton ships ptxas), so the PTX that an sm_80 (Ampere) or sm_90 (Hopper) GPU would
+run can be read anywhere.  The interesting lines are the atomics of the backward: a bf16
+``atom...add`` on sm_90, a compare-and-swap loop (``atom...cas``) on sm_80.
+
+Run ``python -m source_kernels.ptx`` for the table the hardware chapter uses.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+from . import backward, forward
+
+__all__ = ["compile_ptx", "atomic_instructions", "atomic_summary", "main"]
+
+_TRITON_TYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+                torch.float64: "fp64"}
+_ATOMIC = re.compile(r"^\s*(?:@%p\d+\s+)?((?:atom|red)\.[\w.]+)", re.MULTILINE)
+
+
+def _jit(kernel):
+    """The JITFunction behind a kernel, also when the interpreter wrapped it."""
+    return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
+
+
+def _acc(dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=64)
+def compile_ptx(kernel: str, arch: int, dtype: torch.dtype = torch.bfloat16,
+                fp32_grad_accum: bool = False, *, channels: int = 32, levels: int = 4,
+                points: int = 4, block_q: int | None = None, num_warps: int | None = None,
+                kernel_fn=None) -> str:
+    """PTX of the forward or backward kernel for ``sm_<arch>`` (80 or 90), as launched on
+    16-byte aligned tensors of ``dtype`` (grad_value in fp32 when ``fp32_grad_accum``).
+    ``kernel_fn`` compiles another kernel with the same signature (a variant under study).
+
+    In a process where Triton's interpreter is on, kernels are not compilable objects, so
+    the compilation runs in a child process with the interpreter off (a few seconds more).
+    """
+    if _interpreting():
+        if kernel_fn is not None:
+            raise RuntimeError("kernel_fn cannot be compiled while TRITON_INTERPRET is on; "
+                               "define the variant in a process started without it")
+        request = json.dumps([kernel, arch, str(dtype).removeprefix("torch."),
+                              fp32_grad_accum, channels, levels, points, block_q, num_warps])
+        env = dict(os.environ, TRITON_INTERPRET="0")
+        done = subprocess.run([sys.executable, "-m", "source_kernels.ptx", "--request", request],
+                              env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling {kernel} for sm_{arch} failed:\n{done.stderr}")
+        return done.stdout
+    elem = "*" + _TRITON_TYPE[dtype]
+    block_d = triton.next_power_of_2(channels)
+    if kernel == "forward":
+        fn = _jit(kernel_fn or forward._msda_forward_kernel)
+        default_q, default_warps = forward.forward_config(channels, dtype)
+        signature = {"value_ptr": elem, "shapes_ptr": "*i64", "starts_ptr": "*i64",
+                     "loc_ptr": elem, "attn_ptr": elem, "out_ptr": elem}
+    elif kernel == "backward":
+        fn = _jit(kernel_fn or backward._msda_backward_kernel)
+        default_q, default_warps = backward.BWD_BLOCK_Q, backward.BWD_NUM_WARPS
+        grad_value = "*fp32" if fp32_grad_accum and dtype in (torch.float16, torch.bfloat16) \
+            else elem
+        signature = {"grad_out_ptr": elem, "value_ptr": elem, "shapes_ptr": "*i64",
+                     "starts_ptr": "*i64", "loc_ptr": elem, "attn_ptr": elem,
+                     "grad_value_ptr": grad_value, "grad_loc_ptr": elem, "grad_attn_ptr": elem}
+    else:
+        raise ValueError(f"kernel must be 'forward' or 'backward', got {kernel!r}")
+    signature.update({"S": "i32", "Q": "i32", "M": "i32", "D": "i32"})
+    constexprs = {"L": levels, "K": points, "BLOCK_Q": block_q or default_q,
+                  "BLOCK_D": block_d, "ACC_DTYPE": _acc(dtype)}
+    signature.update({name: "constexpr" for name in constexprs})
+    # Pointers are 16-byte aligned, as torch's allocations are; D = 32 is a multiple of 16.
+    aligned = [name for name, ty in signature.items() if ty.startswith("*")]
+    if channels % 16 == 0:
+        aligned.append("D")
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    target = GPUTarget("cuda", arch, 32)
+    compiled = triton.compile(source, target=target,
+                              options={"num_warps": num_warps or default_warps})
+    return compiled.asm["ptx"]
+
+
+def atomic_instructions(ptx: str) -> list[str]:
+    """Every atomic or reduction instruction in the PTX, e.g. 'atom.global.gpu.relaxed...'"""
+    return _ATOMIC.findall(ptx)
+
+
+def atomic_summary(ptx: str) -> dict[str, int]:
+    """Distinct atomic instructions and how often each occurs."""
+    counts: dict[str, int] = {}
+    for instr in atomic_instructions(ptx):
+        counts[instr] = counts.get(instr, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", type=int, nargs="+", default=[80, 90])
+    parser.add_argument("--dtype", nargs="+", default=["fp32", "fp16", "bf16"])
+    parser.add_argument("--request", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.request:                       # child process of compile_ptx: print PTX only
+        kernel, arch, dtype, accum, channels, levels, points, block_q, warps = \
+            json.loads(args.request)
+        sys.stdout.write(compile_ptx(kernel, arch, getattr(torch, dtype), accum,
+                                     channels=channels, levels=levels, points=points,
+                                     block_q=block_q, num_warps=warps))
+        return 0
+    dtypes = {name: dt for dt, name in _TRITON_TYPE.items()}
+    print(f"triton {triton.__version__}: atomics of the backward kernel (D=32, L=K=4)")
+    for arch in args.arch:
+        for name in args.dtype:
+            dtype = dtypes[name]
+            accum_choices = [False, True] if dtype in (torch.float16, torch.bfloat16) else [False]
+            for accum in accum_choices:
+                ptx = compile_ptx("backward", arch, dtype, accum)
+                label = f"sm_{arch} {name:>4} grad_value in {'fp32' if accum else name}"
+                summary = ", ".join(f"{k} x{v}" for k, v in atomic_summary(ptx).items())
+                print(f"{label:<34} {summary or 'no atomics'}")
+        ptx = compile_ptx("forward", arch, torch.bfloat16)
+        print(f"sm_{arch} forward (bf16): {len(atomic_instructions(ptx))} atomics, "
+              f"{ptx.count('ld.global')} global loads")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

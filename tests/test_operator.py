@@ -1,0 +1,385 @@
+"""The Triton operator against the fp64 reference, on CPU through Triton's interpreter
+(about 40 ms per program: the grids here stay at a few programs) and on a GPU."""
+import pytest
+import torch
+
+import source_kernels as sk
+from source_kernels import reference
+from source_kernels.backward import default_fp32_grad_accum, msda_backward
+from source_kernels.inputs import make_inputs, preset_inputs
+from source_kernels.testing import MSDA_OUTPUT_AXES, assert_close_explained
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Error allowed, relative to the largest magnitude of the fp64 reference.
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float64: 1e-12}
+GRAD_TOLERANCE = {torch.float32: 5e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2,
+                  torch.float64: 1e-12}
+ARG_NAMES = ("value", "value_spatial_shapes", "value_level_start_index", "sampling_locations",
+             "attention_weights")
+
+SHAPES = {
+    "one level": [[6, 5]],
+    "several levels": [[7, 9], [4, 5], [2, 3]],
+    "non-square and 1x1": [[3, 8], [5, 2], [1, 1]],
+}
+
+
+def inputs(batch=1, queries=5, heads=2, channels=8, shapes=((4, 5), (2, 3)), points=2,
+           dtype=torch.float32, device=DEVICE, **kw):
+    return make_inputs(batch, queries, heads, channels, [list(s) for s in shapes], points,
+                       dtype=dtype, device=device, **kw)
+
+
+def fp64_reference(args, grad_output=None):
+    """Forward (and the three gradients) of the grid_sample reference in fp64 on the CPU."""
+    ref = {k: v.detach().cpu().double() if v.is_floating_point() else v.cpu()
+           for k, v in args.items()}
+    for k in ("value", "sampling_locations", "attention_weights"):
+        ref[k].requires_grad_(True)
+    out = reference.msda_grid_sample(**ref)
+    if grad_output is None:
+        return out.detach(), None
+    out.backward(grad_output.detach().cpu().double())
+    grads = tuple(ref[k].grad for k in ("value", "sampling_locations", "attention_weights"))
+    return out.detach(), grads
+
+
+def assert_scaled_close(got, expected, tolerance, what, axes=None):
+    scale = max(expected.abs().max().item(), 1e-6)
+    assert_close_explained(got.detach().cpu().double(), expected, atol=tolerance * scale,
+                           rtol=0.0, axes=axes, what=what)
+
+
+def check_forward_and_backward(args, dtype, fp32_grad_accum=None):
+    out = sk.multi_scale_deformable_attn(**args, fp32_grad_accum=fp32_grad_accum)
+    assert out.dtype == dtype
+    grad_output = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(
+        device=out.device, dtype=dtype)
+    expected, grads = fp64_reference(args, grad_output)
+    assert_scaled_close(out, expected, TOLERANCE[dtype], "forward", MSDA_OUTPUT_AXES)
+    out.backward(grad_output)
+    names = ("grad_value", "grad_sampling_locations", "grad_attention_weights")
+    keys = ("value", "sampling_locations", "attention_weights")
+    for name, key, grad in zip(names, keys, grads):
+        assert args[key].grad is not None, f"{name} missing"
+        assert args[key].grad.dtype == dtype
+        assert_scaled_close(args[key].grad, grad, GRAD_TOLERANCE[dtype], name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("shape_name", list(SHAPES))
+def test_forward_and_gradients_match_fp64(dtype, shape_name):
+    args = inputs(shapes=SHAPES[shape_name], dtype=dtype, outside=0.1, requires_grad=True,
+                  seed=hash(shape_name) % 1000)
+    check_forward_and_backward(args, dtype)
+
+
+@pytest.mark.parametrize("channels", [1, 3, 24, 30, 32, 64, 71, 96])
+def test_channel_counts(channels):
+    args = inputs(channels=channels, heads=1, queries=4, requires_grad=True, seed=channels)
+    check_forward_and_backward(args, torch.float32)
+
+
+@pytest.mark.parametrize("heads,points", [(1, 1), (1, 4), (3, 1)])
+def test_single_head_and_single_point(heads, points):
+    args = inputs(heads=heads, points=points, queries=7, requires_grad=True)
+    check_forward_and_backward(args, torch.float32)
+
+
+def test_local_locations_share_corners():
+    """Neighbouring queries hitting the same corners: the atomics must add every share."""
+    args = inputs(queries=16, heads=1, shapes=[[3, 3]], points=4, distribution="local",
+                  sigma_pixels=0.3, requires_grad=True)
+    check_forward_and_backward(args, torch.float32)
+
+
+@pytest.mark.parametrize("accum", [True, False])
+def test_fp16_with_and_without_fp32_accumulation(accum):
+    args = inputs(dtype=torch.float16, requires_grad=True, distribution="local")
+    check_forward_and_backward(args, torch.float16, fp32_grad_accum=accum)
+
+
+def test_locations_on_the_edges_and_outside():
+    """x, y exactly 0, 0.5 and 1, and beyond the map on every side (zeros contribute)."""
+    args = inputs(queries=6, heads=1, shapes=[[4, 6], [1, 1]], points=4, requires_grad=False)
+    edges = torch.tensor([0.0, 0.5, 1.0, -0.3, 1.7, -5.0, 4.0, 0.999999])
+    loc = args["sampling_locations"]
+    flat = loc.detach().reshape(-1, 2)
+    generator = torch.Generator().manual_seed(3)
+    index = torch.randint(0, len(edges), flat.shape, generator=generator)
+    args["sampling_locations"] = edges[index].reshape(loc.shape).to(loc.device).requires_grad_()
+    for key in ("value", "attention_weights"):
+        args[key].requires_grad_()
+    check_forward_and_backward(args, torch.float32)
+
+
+def test_far_outside_locations_give_zero():
+    args = inputs(queries=3, heads=1)
+    args["sampling_locations"] = torch.full_like(args["sampling_locations"], 1e9)
+    assert sk.multi_scale_deformable_attn(**args).abs().max().item() == 0.0
+    args["sampling_locations"] = torch.full_like(args["sampling_locations"], -1e9)
+    assert sk.multi_scale_deformable_attn(**args).abs().max().item() == 0.0
+
+
+def test_gradcheck_fp64():
+    args = inputs(dtype=torch.float64, queries=3, heads=2, channels=3,
+                  shapes=[[3, 4], [1, 1]], points=2, outside=0.2)
+    shapes, starts = args["value_spatial_shapes"], args["value_level_start_index"]
+
+    def op(value, loc, attn):
+        return sk.MultiScaleDeformableAttnFunction.apply(value, shapes, starts, loc, attn, 64)
+
+    leaves = tuple(args[k].detach().requires_grad_() for k in
+                   ("value", "sampling_locations", "attention_weights"))
+    assert torch.autograd.gradcheck(op, leaves, eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+def test_mmcv_signature_and_im2col_step_that_does_not_divide_batch():
+    args = inputs(batch=3, queries=4, heads=1)
+    expected, _ = fp64_reference(args)
+    out = sk.MultiScaleDeformableAttnFunction.apply(*(args[k] for k in ARG_NAMES), 2)
+    assert out.shape == (3, 4, 8)
+    assert_scaled_close(out, expected, TOLERANCE[torch.float32], "forward", MSDA_OUTPUT_AXES)
+
+
+def test_non_contiguous_inputs():
+    args = inputs(queries=4, heads=2, channels=4, requires_grad=False)
+    expected, _ = fp64_reference(args)
+    value = args["value"].transpose(2, 3).contiguous().transpose(2, 3)       # strided view
+    loc = torch.stack([args["sampling_locations"]] * 2, dim=2)[:, :, 0]       # strided view
+    attn = torch.stack([args["attention_weights"]] * 2, dim=-1)[..., 1]       # strided view
+    assert not value.is_contiguous() and not loc.is_contiguous() and not attn.is_contiguous()
+    out = sk.multi_scale_deformable_attn(value, args["value_spatial_shapes"],
+                                         args["value_level_start_index"], loc, attn)
+    assert_scaled_close(out, expected, TOLERANCE[torch.float32], "forward", MSDA_OUTPUT_AXES)
+
+
+@pytest.mark.parametrize("batch,queries", [(0, 4), (2, 0)])
+def test_empty_batch_or_queries(batch, queries):
+    args = inputs(batch=batch, queries=queries, requires_grad=True)
+    out = sk.multi_scale_deformable_attn(**args)
+    assert out.shape == (batch, queries, 2 * 8)
+    out.sum().backward()
+    assert args["value"].grad.abs().sum().item() == 0.0
+    assert args["sampling_locations"].grad.shape == args["sampling_locations"].shape
+
+
+def test_default_fp32_grad_accum():
+    assert default_fp32_grad_accum(torch.float32, "cpu") is False
+    assert default_fp32_grad_accum(torch.float16, "cpu") is False
+    assert default_fp32_grad_accum(torch.bfloat16, "cpu") is True     # interpreter: no bf16 atomics
+
+
+# ---------------------------------------------------------------------------- bad inputs
+
+def _bad(change):
+    args = inputs(batch=2, queries=3, heads=2, channels=4, shapes=[[3, 4], [2, 2]], points=2)
+    change(args)
+    return args
+
+
+BAD_INPUTS = {
+    "value rank": (lambda a: a.update(value=a["value"][0]), ValueError, "value must have 4"),
+    "value integer": (lambda a: a.update(value=a["value"].long()), TypeError, "value must be a floating"),
+    "value boolean": (lambda a: a.update(value=a["value"] > 0), TypeError, "value must be a floating"),
+    "S not sum of H*W": (lambda a: a.update(value=a["value"][:, :-1]), ValueError, "sum(H*W)"),
+    "start index inconsistent": (lambda a: a.update(value_level_start_index=torch.tensor(
+        [0, 11], device=DEVICE)), ValueError, "value_level_start_index[1]"),
+    "start index wrong length": (lambda a: a.update(value_level_start_index=torch.tensor(
+        [0], device=DEVICE)), ValueError, "value_level_start_index has size"),
+    "zero level size": (lambda a: a.update(value_spatial_shapes=torch.tensor(
+        [[3, 4], [0, 2]], device=DEVICE)), ValueError, "positive height and width"),
+    "negative level size": (lambda a: a.update(value_spatial_shapes=torch.tensor(
+        [[3, 4], [-2, -2]], device=DEVICE)), ValueError, "positive height and width"),
+    "shapes float": (lambda a: a.update(value_spatial_shapes=a["value_spatial_shapes"].float()),
+                     TypeError, "value_spatial_shapes must be an int64"),
+    "shapes wrong columns": (lambda a: a.update(value_spatial_shapes=a["value_spatial_shapes"][:, :1]),
+                             ValueError, "value_spatial_shapes has size 1"),
+    "locations rank": (lambda a: a.update(sampling_locations=a["sampling_locations"][..., 0]),
+                       ValueError, "sampling_locations must have 6"),
+    "locations batch": (lambda a: a.update(sampling_locations=a["sampling_locations"][:1]),
+                        ValueError, "sampling_locations has size 1 on axis 0"),
+    "locations levels": (lambda a: a.update(sampling_locations=a["sampling_locations"][:, :, :, :1]),
+                         ValueError, "sampling_locations has size 1 on axis 3"),
+    "locations xyz": (lambda a: a.update(sampling_locations=torch.cat(
+        [a["sampling_locations"], a["sampling_locations"][..., :1]], -1)), ValueError, "(x, y)"),
+    "weights shape": (lambda a: a.update(attention_weights=a["attention_weights"][..., :1]),
+                      ValueError, "attention_weights must have shape"),
+    "mixed dtypes": (lambda a: a.update(attention_weights=a["attention_weights"].double()),
+                     TypeError, "attention_weights has dtype torch.float64"),
+    "weights integer": (lambda a: a.update(attention_weights=a["attention_weights"].int()),
+                        TypeError, "attention_weights must be a floating"),
+    "locations not a tensor": (lambda a: a.update(sampling_locations=[0.5, 0.5]), TypeError,
+                               "sampling_locations must be a torch.Tensor"),
+    "shapes on another device": (lambda a: a.update(value_spatial_shapes=a["value_spatial_shapes"].to(
+        "meta")), ValueError, "value_spatial_shapes is on meta"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_names_the_argument(case):
+    change, error, message = BAD_INPUTS[case]
+    args = _bad(change)
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
+        sk.multi_scale_deformable_attn(**args)
+
+
+def test_bad_im2col_step():
+    args = _bad(lambda a: None)
+    with pytest.raises(ValueError, match="im2col_step"):
+        sk.MultiScaleDeformableAttnFunction.apply(*(args[k] for k in ARG_NAMES), 0)
+
+
+def test_shape_contents_are_checked_again_after_an_in_place_change():
+    args = _bad(lambda a: None)
+    sk.multi_scale_deformable_attn(**args)
+    args["value_spatial_shapes"][1, 0] = 3            # now sum(H*W) no longer matches S
+    with pytest.raises(ValueError, match="sum"):
+        sk.multi_scale_deformable_attn(**args)
+
+
+# ---------------------------------------------------------------------------- custom op
+
+def test_custom_op_passes_opcheck():
+    args = inputs(queries=3, heads=1, channels=4)
+    torch.library.opcheck(torch.ops.source_kernels.msda.default,
+                          tuple(args[k] for k in ARG_NAMES))
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph():
+    args = inputs(queries=3, heads=1, channels=4, requires_grad=True)
+    compiled = torch.compile(sk.multi_scale_deformable_attn, fullgraph=True)
+    out = compiled(*(args[k] for k in ARG_NAMES))
+    expected, _ = fp64_reference(args)
+    assert_scaled_close(out, expected, TOLERANCE[torch.float32], "compiled forward")
+    out.sum().backward()
+    assert args["value"].grad is not None and args["value"].grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------- GPU only
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("distribution", ["uniform", "local"])
+def test_gpu_decoder_preset(dtype, distribution):
+    args = preset_inputs("decoder", distribution=distribution, dtype=dtype, device="cuda",
+                         requires_grad=True)
+    check_forward_and_backward(args, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accum", [True, False])
+def test_gpu_bf16_both_accumulation_paths(accum):
+    args = inputs(batch=2, queries=200, heads=4, channels=32, shapes=[[20, 30], [10, 15]],
+                  points=4, dtype=torch.bfloat16, device="cuda", distribution="local",
+                  requires_grad=True)
+    check_forward_and_backward(args, torch.bfloat16, fp32_grad_accum=accum)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["encoder", "decoder-b32"])
+def test_gpu_large_presets_forward(name):
+    args = preset_inputs(name, dtype=torch.float32, device="cuda")
+    out = sk.multi_scale_deformable_attn(**args)
+    expected = reference.msda_grid_sample(**{k: v.double() if v.is_floating_point() else v
+                                             for k, v in args.items()})
+    assert_scaled_close(out, expected, TOLERANCE[torch.float32], f"{name} forward",
+                        MSDA_OUTPUT_AXES)
+
+
+@pytest.mark.gpu
+def test_gpu_forward_is_deterministic():
+    args = preset_inputs("encoder", distribution="local", dtype=torch.bfloat16, device="cuda")
+    first = sk.multi_scale_deformable_attn(**args)
+    for _ in range(3):
+        assert torch.equal(sk.multi_scale_deformable_attn(**args), first)
+
+
+@pytest.mark.gpu
+def test_gpu_backward_run_to_run_spread_is_small():
+    """Atomics add in a different order each run: grad_value varies within rounding."""
+    args = preset_inputs("decoder", distribution="local", dtype=torch.float32, device="cuda",
+                         requires_grad=True)
+    grads = []
+    for _ in range(3):
+        args["value"].grad = None
+        sk.multi_scale_deformable_attn(**args).sum().backward()
+        grads.append(args["value"].grad.clone())
+    scale = grads[0].abs().max().item()
+    for g in grads[1:]:
+        assert (g - grads[0]).abs().max().item() <= 1e-5 * scale
+
+
+@pytest.mark.gpu
+def test_gpu_flat_index_beyond_int32():
+    """value with more than 2**31 elements: the last level's rows sit past 2**31."""
+    heads, channels = 1, 8192
+    shapes = torch.tensor([[512, 512], [1, 1]], device="cuda")
+    total = 512 * 512 + 1
+    assert total * heads * channels > 2 ** 31
+    value = torch.zeros(1, total, heads, channels, device="cuda", dtype=torch.bfloat16)
+    value[0, -1] = 1.0                                 # the 1x1 level, at flat index > 2**31
+    value[0, 0] = 2.0
+    starts = torch.tensor([0, 512 * 512], device="cuda")
+    loc = torch.full((1, 2, heads, 2, 1, 2), 0.5, device="cuda", dtype=torch.bfloat16)
+    loc[0, 0, 0, 0, 0] = torch.tensor([0.5 / 512, 0.5 / 512])     # centre of pixel (0, 0)
+    attn = torch.ones(1, 2, heads, 2, 1, device="cuda", dtype=torch.bfloat16)
+    out = sk.multi_scale_deformable_attn(value, shapes, starts, loc, attn)
+    # query 0: level 0 at pixel (0, 0) gives 2, level 1 (1x1, centre) gives 1
+    assert out[0, 0].float().unique().tolist() == [3.0]
+    assert out[0, 1, :].float().unique().tolist() == [1.0]
+
+
+@pytest.mark.gpu
+def test_gpu_launch_follows_the_inputs_device():
+    """The launch runs on the inputs' device, whatever device is current."""
+    last = torch.cuda.device_count() - 1
+    args = inputs(batch=2, queries=50, heads=2, channels=32, device=f"cuda:{last}",
+                  requires_grad=True)
+    with torch.cuda.device(0):
+        check_forward_and_backward(args, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_second_device_matches_first():
+    results = []
+    for device in ("cuda:0", "cuda:1"):
+        args = inputs(batch=2, queries=100, heads=4, channels=32, device=device,
+                      requires_grad=True, seed=5)
+        with torch.cuda.device(0):
+            out = sk.multi_scale_deformable_attn(**args)
+            out.sum().backward()
+        results.append([out.cpu(), args["value"].grad.cpu(), args["sampling_locations"].grad.cpu()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_inputs_on_two_devices_are_refused():
+    args = inputs(device="cuda:0")
+    args["attention_weights"] = args["attention_weights"].to("cuda:1")
+    with pytest.raises(ValueError, match="attention_weights is on cuda:1"):
+        sk.multi_scale_deformable_attn(**args)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    args = preset_inputs("decoder", dtype=torch.bfloat16, device="cuda")
+    eager = sk.multi_scale_deformable_attn(**args)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sk.multi_scale_deformable_attn(**args)          # warm-up: compile outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = sk.multi_scale_deformable_attn(**args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
