@@ -41,15 +41,16 @@ BWD_NUM_WARPS = 4
 @triton.jit
 def _msda_backward_kernel(
     grad_out_ptr,         # (B, Q, M, D) contiguous
-    value_ptr,            # (B, S, M, D) contiguous
+    value_ptr,            # (B, S, M, D), channels contiguous (any other strides)
     shapes_ptr,           # (L, 2) int64
     starts_ptr,           # (L,) int64
     loc_ptr,              # (B, Q, M, L, K, 2) contiguous
     attn_ptr,             # (B, Q, M, L, K) contiguous
-    grad_value_ptr,       # (B, S, M, D): value's dtype, or fp32 when accumulating in fp32
+    grad_value_ptr,       # value's layout; value's dtype, or fp32 when accumulating in fp32
     grad_loc_ptr,         # (B, Q, M, L, K, 2), written once per element
     grad_attn_ptr,        # (B, Q, M, L, K), written once per element
-    S, Q, M, D,
+    stride_b, stride_s, stride_m,   # value's strides in elements (channels: stride 1)
+    Q, M, D,
     L: tl.constexpr, K: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr,
 ):
@@ -66,7 +67,8 @@ def _msda_backward_kernel(
 
     bqm = (b.to(tl.int64) * Q + offs_q) * M + m
     param_row = bqm * (L * K)
-    bm_offset = (b.to(tl.int64) * S * M + m) * D
+    # value and grad_value share one layout: b*stride_b + s*stride_s + m*stride_m + d
+    bm_offset = b.to(tl.int64) * stride_b + m.to(tl.int64) * stride_m
     value_bm = value_ptr + bm_offset
     grad_value_bm = grad_value_ptr + bm_offset
 
@@ -91,19 +93,19 @@ def _msda_backward_kernel(
             w11 = dy * dx
             # Per corner: gather v_c, take <g, v_c>, scatter a * w_c * g into grad_value.
             off, msk = corner_tile(start, y0, x0, width, in_y0 & in_x0, mask_q, offs_d,
-                                   mask_d, M * D)
+                                   mask_d, stride_s)
             gv00 = _gather_dot_scatter(value_bm, grad_value_bm, off, msk, g, weight * w00,
                                        ACC_DTYPE)
             off, msk = corner_tile(start, y0, x0 + 1, width, in_y0 & in_x1, mask_q, offs_d,
-                                   mask_d, M * D)
+                                   mask_d, stride_s)
             gv01 = _gather_dot_scatter(value_bm, grad_value_bm, off, msk, g, weight * w01,
                                        ACC_DTYPE)
             off, msk = corner_tile(start, y0 + 1, x0, width, in_y1 & in_x0, mask_q, offs_d,
-                                   mask_d, M * D)
+                                   mask_d, stride_s)
             gv10 = _gather_dot_scatter(value_bm, grad_value_bm, off, msk, g, weight * w10,
                                        ACC_DTYPE)
             off, msk = corner_tile(start, y0 + 1, x0 + 1, width, in_y1 & in_x1, mask_q,
-                                   offs_d, mask_d, M * D)
+                                   offs_d, mask_d, stride_s)
             gv11 = _gather_dot_scatter(value_bm, grad_value_bm, off, msk, g, weight * w11,
                                        ACC_DTYPE)
 
@@ -152,12 +154,14 @@ def default_fp32_grad_accum(dtype: torch.dtype, device) -> bool:
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                   attention_weights, *, fp32_grad_accum=None, block_q=BWD_BLOCK_Q,
                   num_warps=BWD_NUM_WARPS):
-    """Launch the backward kernel on validated, contiguous inputs.
+    """Launch the backward kernel on validated inputs.
 
-    grad_output (B, Q, M*D) and the forward's inputs.  Returns (grad_value (B, S, M, D),
-    grad_sampling_locations (B, Q, M, L, K, 2), grad_attention_weights (B, Q, M, L, K)), each
-    in the dtype of its input.  ``fp32_grad_accum`` (default: ``default_fp32_grad_accum``)
-    accumulates grad_value in an fp32 buffer instead of the value's dtype.
+    grad_output (B, Q, M*D) and the forward's inputs (value with contiguous channels and any
+    other strides; grad_value is accumulated in value's layout).  Returns (grad_value
+    (B, S, M, D) contiguous, grad_sampling_locations (B, Q, M, L, K, 2),
+    grad_attention_weights (B, Q, M, L, K)), each in the dtype of its input.
+    ``fp32_grad_accum`` (default: ``default_fp32_grad_accum``) accumulates grad_value in an
+    fp32 buffer instead of the value's dtype.
     """
     batch, total, heads, channels = value.shape
     _, queries, _, levels, points, _ = sampling_locations.shape
@@ -166,9 +170,14 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     if value.dtype == torch.bfloat16 and _interpreting() and not fp32_grad_accum:
         raise ValueError("fp32_grad_accum=False with bf16 needs a GPU: Triton's interpreter "
                          "has no bf16 atomic add")
+    if value.stride(3) != 1:
+        value = value.contiguous()
     accum_dtype = torch.float32 if (fp32_grad_accum and value.dtype in
                                     (torch.float16, torch.bfloat16)) else value.dtype
-    grad_value = torch.zeros(value.shape, dtype=accum_dtype, device=value.device)
+    # grad_value in value's own layout (the strides the kernel indexes both with)
+    order = sorted(range(4), key=lambda axis: -value.stride(axis))
+    grad_value = torch.zeros([value.shape[a] for a in order], dtype=accum_dtype,
+                             device=value.device).permute(*[order.index(a) for a in range(4)])
     grad_loc = torch.empty_like(sampling_locations)
     grad_attn = torch.empty_like(attention_weights)
     if grad_attn.numel() > 0 and value.numel() > 0:
@@ -178,7 +187,7 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
             _msda_backward_kernel[grid](
                 grad_output.contiguous(), value, spatial_shapes, level_start_index,
                 sampling_locations, attention_weights, grad_value, grad_loc, grad_attn,
-                total, queries, heads, channels,
+                value.stride(0), value.stride(1), value.stride(2), queries, heads, channels,
                 L=levels, K=points, BLOCK_Q=block_q,
                 BLOCK_D=triton.next_power_of_2(channels), ACC_DTYPE=acc_dtype,
                 num_warps=num_warps,
@@ -186,7 +195,7 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     elif grad_attn.numel() > 0:
         grad_loc.zero_()
         grad_attn.zero_()
-    return grad_value.to(value.dtype), grad_loc, grad_attn
+    return grad_value.to(value.dtype).contiguous(), grad_loc, grad_attn
 
 
 class _nullcontext:

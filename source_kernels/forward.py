@@ -24,13 +24,14 @@ __all__ = ["msda_forward", "forward_config", "_msda_forward_kernel"]
 
 @triton.jit
 def _msda_forward_kernel(
-    value_ptr,            # (B, S, M, D) contiguous
+    value_ptr,            # (B, S, M, D), channels contiguous (any other strides)
     shapes_ptr,           # (L, 2) int64: (H, W) per level
     starts_ptr,           # (L,) int64: first row of each level inside S
     loc_ptr,              # (B, Q, M, L, K, 2) contiguous, (x, y) in [0, 1]
     attn_ptr,             # (B, Q, M, L, K) contiguous
     out_ptr,              # (B, Q, M, D) contiguous == (B, Q, M*D)
-    S, Q, M, D,
+    stride_b, stride_s, stride_m,   # value's strides in elements (channels: stride 1)
+    Q, M, D,
     L: tl.constexpr, K: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr,
 ):
@@ -48,8 +49,8 @@ def _msda_forward_kernel(
     # B*Q*M*L*K*2 passes 2**31 well before any single tensor is unusually large.
     bqm = (b.to(tl.int64) * Q + offs_q) * M + m        # (BLOCK_Q,)
     param_row = bqm * (L * K)                          # first (l, k) entry of each query
-    # value[b, s, m, d] lives at ((b*S + s)*M + m)*D + d
-    value_bm = value_ptr + (b.to(tl.int64) * S * M + m) * D
+    # value[b, s, m, d] lives at b*stride_b + s*stride_s + m*stride_m + d
+    value_bm = value_ptr + b.to(tl.int64) * stride_b + m.to(tl.int64) * stride_m
 
     acc = tl.zeros((BLOCK_Q, BLOCK_D), dtype=ACC_DTYPE)
     for l in tl.static_range(L):
@@ -66,16 +67,16 @@ def _msda_forward_kernel(
                                                                       width, height)
             # The four corners, each a (BLOCK_Q, BLOCK_D) gather of whole value rows.
             off, msk = corner_tile(start, y0, x0, width, in_y0 & in_x0, mask_q, offs_d,
-                                   mask_d, M * D)
+                                   mask_d, stride_s)
             v00 = tl.load(value_bm + off, mask=msk, other=0.0).to(ACC_DTYPE)
             off, msk = corner_tile(start, y0, x0 + 1, width, in_y0 & in_x1, mask_q, offs_d,
-                                   mask_d, M * D)
+                                   mask_d, stride_s)
             v01 = tl.load(value_bm + off, mask=msk, other=0.0).to(ACC_DTYPE)
             off, msk = corner_tile(start, y0 + 1, x0, width, in_y1 & in_x0, mask_q, offs_d,
-                                   mask_d, M * D)
+                                   mask_d, stride_s)
             v10 = tl.load(value_bm + off, mask=msk, other=0.0).to(ACC_DTYPE)
             off, msk = corner_tile(start, y0 + 1, x0 + 1, width, in_y1 & in_x1, mask_q,
-                                   offs_d, mask_d, M * D)
+                                   offs_d, mask_d, stride_s)
             v11 = tl.load(value_bm + off, mask=msk, other=0.0).to(ACC_DTYPE)
             # Bilinear blend, scaled by the attention weight.
             w00 = (1 - dy) * (1 - dx)
@@ -98,19 +99,28 @@ def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
     return block_q, 4
 
 
+def head_major(value: torch.Tensor) -> torch.Tensor:
+    """A (B, S, M, D) view of a head-major (B, M, S, D) copy of value: neighbouring pixels of
+    one head become neighbouring rows, so a corner pair (x0, x1) sits in one 128-byte line."""
+    return value.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
                  attention_weights, *, block_q=None, num_warps=None):
-    """Launch the forward kernel on already-validated, contiguous inputs.
+    """Launch the forward kernel on validated inputs.
 
-    value (B, S, M, D); spatial_shapes (L, 2) int64; level_start_index (L,) int64;
-    sampling_locations (B, Q, M, L, K, 2); attention_weights (B, Q, M, L, K), all on one
-    device and value/locations/weights of one floating dtype.  Returns (B, Q, M*D).
+    value (B, S, M, D) with contiguous channels (any other strides: pass ``head_major(value)``
+    for the head-major layout); spatial_shapes (L, 2) int64; level_start_index (L,) int64;
+    sampling_locations (B, Q, M, L, K, 2) and attention_weights (B, Q, M, L, K) contiguous;
+    all on one device, value/locations/weights in one floating dtype.  Returns (B, Q, M*D).
     """
-    batch, total, heads, channels = value.shape
+    batch, _, heads, channels = value.shape
     _, queries, _, levels, points, _ = sampling_locations.shape
     out = value.new_empty(batch, queries, heads * channels)
     if out.numel() == 0:
         return out
+    if value.stride(3) != 1:
+        value = value.contiguous()
     cfg_q, cfg_warps = forward_config(channels, value.dtype)
     block_q = block_q or cfg_q
     num_warps = num_warps or cfg_warps
@@ -119,7 +129,7 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     with torch.cuda.device(value.device) if value.is_cuda else _nullcontext():
         _msda_forward_kernel[grid](
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-            out, total, queries, heads, channels,
+            out, value.stride(0), value.stride(1), value.stride(2), queries, heads, channels,
             L=levels, K=points, BLOCK_Q=block_q,
             BLOCK_D=triton.next_power_of_2(channels), ACC_DTYPE=acc_dtype,
             num_warps=num_warps,

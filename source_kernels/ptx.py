@@ -87,14 +87,16 @@ def compile_ptx(kernel: str, arch: int, dtype: torch.dtype = torch.bfloat16,
                      "grad_value_ptr": grad_value, "grad_loc_ptr": elem, "grad_attn_ptr": elem}
     else:
         raise ValueError(f"kernel must be 'forward' or 'backward', got {kernel!r}")
-    signature.update({"S": "i32", "Q": "i32", "M": "i32", "D": "i32"})
+    signature.update({"stride_b": "i32", "stride_s": "i32", "stride_m": "i32", "Q": "i32",
+                      "M": "i32", "D": "i32"})
     constexprs = {"L": levels, "K": points, "BLOCK_Q": block_q or default_q,
                   "BLOCK_D": block_d, "ACC_DTYPE": _acc(dtype)}
     signature.update({name: "constexpr" for name in constexprs})
     # Pointers are 16-byte aligned, as torch's allocations are; D = 32 is a multiple of 16.
+    # Strides as for a contiguous (B, S, M, D) value with M = 8 heads.
     aligned = [name for name, ty in signature.items() if ty.startswith("*")]
     if channels % 16 == 0:
-        aligned.append("D")
+        aligned += ["D", "stride_b", "stride_s", "stride_m"]
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)

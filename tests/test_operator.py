@@ -44,10 +44,24 @@ def fp64_reference(args, grad_output=None):
     return out.detach(), grads
 
 
-def assert_scaled_close(got, expected, tolerance, what, axes=None):
+def assert_scaled_close(got, expected, tolerance, what, axes=None, ignore=None):
     scale = max(expected.abs().max().item(), 1e-6)
-    assert_close_explained(got.detach().cpu().double(), expected, atol=tolerance * scale,
-                           rtol=0.0, axes=axes, what=what)
+    got = got.detach().cpu().double()
+    if ignore is not None:
+        got = torch.where(ignore, expected, got)
+    assert_close_explained(got, expected, atol=tolerance * scale, rtol=0.0, axes=axes,
+                           what=what)
+
+
+def on_a_pixel_boundary(args, margin=1e-3):
+    """(B, Q, M, L, K, 2) mask of the points whose pixel coordinate x*W - 0.5 or y*H - 0.5
+    lies within ``margin`` of an integer.  There the location gradient jumps (another pair of
+    corners takes over), and rounding of the input dtype may land on either side."""
+    loc = args["sampling_locations"].detach().cpu().double()
+    sizes = args["value_spatial_shapes"].cpu().flip(-1).double()           # (L, 2) as (W, H)
+    pixel = loc * sizes[:, None, :] - 0.5
+    near = ((pixel - pixel.round()).abs() < margin).any(-1, keepdim=True)
+    return near.expand_as(loc)
 
 
 def check_forward_and_backward(args, dtype, fp32_grad_accum=None):
@@ -60,10 +74,12 @@ def check_forward_and_backward(args, dtype, fp32_grad_accum=None):
     out.backward(grad_output)
     names = ("grad_value", "grad_sampling_locations", "grad_attention_weights")
     keys = ("value", "sampling_locations", "attention_weights")
+    kinks = on_a_pixel_boundary(args)
     for name, key, grad in zip(names, keys, grads):
         assert args[key].grad is not None, f"{name} missing"
         assert args[key].grad.dtype == dtype
-        assert_scaled_close(args[key].grad, grad, GRAD_TOLERANCE[dtype], name)
+        ignore = kinks if key == "sampling_locations" else None
+        assert_scaled_close(args[key].grad, grad, GRAD_TOLERANCE[dtype], name, ignore=ignore)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],

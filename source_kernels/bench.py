@@ -1,0 +1,367 @@
+"""The benchmark harness: times the operator and the grid_sample reference on a GPU and
+writes one results file with its provenance.
+
+    python -m source_kernels.bench --out results/bench_h200.json
+
+For every preset (decoder, encoder, decoder-b32), location distribution (uniform, local)
+and dtype (fp32, fp16, bf16) it records, for forward and forward+backward:
+- ``kernel_us``: ``triton.testing.do_bench`` median with L2 flushed before every run;
+- ``graph_us``: the same call captured in a CUDA graph and replayed (no launch overhead);
+- ``device_us``: the profiler's device time of the call's kernels (cross-check);
+- ``dispatch_us``: host time of one eager call (forward only);
+- ``peak_mem_bytes``: peak allocated memory of one call, with ``io_bytes`` (inputs, outputs
+  and gradients) beside it;
+- ``floor_us``: the DRAM floor from the bytes the inputs really touch at the measured copy
+  bandwidth, and ``rows_per_s``: bilinear corner rows gathered per second.
+``--sweep`` adds the launch-configuration sweeps (forward and backward) to the file.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from .inputs import PRESETS, preset_inputs
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+ARG_NAMES = ("value", "value_spatial_shapes", "value_level_start_index", "sampling_locations",
+             "attention_weights")
+
+
+def provenance(argv) -> dict:
+    import triton
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        smi = ""
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "nvidia_smi": smi,
+        "sm_count": props.multi_processor_count,
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m source_kernels.bench " + " ".join(shlex.quote(a) for a in argv),
+    }
+
+
+def copy_bandwidth(nbytes=4 * 2 ** 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read plus written)."""
+    import triton.testing
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    del src, dst
+    return nbytes / (ms * 1e-3)
+
+
+# ------------------------------------------------------------------------- byte counting
+
+def corner_rows(args):
+    """Flat indices (into B*S*M rows of D channels) of every in-map corner the forward reads,
+    and the total number of corner reads (in-map or not)."""
+    value = args["value"]
+    batch, total, heads, _ = value.shape
+    loc = args["sampling_locations"].float()
+    _, queries, _, levels, points, _ = loc.shape
+    shapes = args["value_spatial_shapes"].tolist()
+    starts = args["value_level_start_index"].tolist()
+    rows = []
+    b_idx = torch.arange(batch, device=value.device).view(batch, 1, 1, 1)
+    m_idx = torch.arange(heads, device=value.device).view(1, 1, heads, 1)
+    for lvl, ((height, width), start) in enumerate(zip(shapes, starts)):
+        x = loc[:, :, :, lvl, :, 0] * width - 0.5
+        y = loc[:, :, :, lvl, :, 1] * height - 0.5
+        x0 = x.floor().long()
+        y0 = y.floor().long()
+        for dy in (0, 1):
+            for dx in (0, 1):
+                xi, yi = x0 + dx, y0 + dy
+                inside = (xi >= 0) & (xi < width) & (yi >= 0) & (yi < height)
+                s = start + yi * width + xi
+                flat = (b_idx * total + s) * heads + m_idx
+                rows.append(flat[inside])
+    return torch.cat(rows), batch * queries * heads * levels * points * 4
+
+
+def traffic_bytes(args):
+    """Bytes a forward and a forward+backward must move at least (each touched value row
+    once; parameters and outputs once; the backward adds grad_out, all of grad_value,
+    grad_loc and grad_attn)."""
+    value = args["value"]
+    item = value.element_size()
+    row_bytes = value.shape[-1] * item
+    rows, gathers = corner_rows(args)
+    touched = int(torch.unique(rows).numel())
+    params = (args["sampling_locations"].numel() + args["attention_weights"].numel()) * item
+    batch, queries = args["sampling_locations"].shape[:2]
+    out = batch * queries * value.shape[2] * value.shape[3] * item
+    forward = touched * row_bytes + params + out
+    backward = forward + out + value.numel() * item + params
+    return {"forward": forward, "forward_backward": backward, "touched_rows": touched,
+            "gathered_rows": gathers, "io_bytes": value.numel() * item * 2 + params * 2 + out * 2}
+
+
+# ------------------------------------------------------------------------- timing
+
+def _profiled_device_us(fn, flush, reps=20):
+    """Mean device time per call of all CUDA kernels fn launches (L2 flushed before each),
+    from the PyTorch profiler, excluding the flush kernel."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush()
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            name = evt.name
+            if "fill" in name.lower() and "FillFunctor<int>" in name:      # the L2 flush
+                continue
+            total += getattr(evt, "device_time", None) or getattr(evt, "cuda_time", 0.0)
+    return total / reps
+
+
+def _graph_us(fn, flush):
+    import triton.testing
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ms = triton.testing.do_bench(graph.replay, return_mode="median")
+    del graph
+    return ms * 1e3
+
+
+def _try(measure_fn, *args):
+    """A measurement that may be impossible for some calls (e.g. capture of a reference that
+    synchronises): None instead of an exception."""
+    try:
+        return measure_fn(*args)
+    except Exception:                      # noqa: BLE001
+        torch.cuda.synchronize()
+        return None
+
+
+def _dispatch_us(fn, calls=50, batches=7):
+    """Host time of one eager call: calls are enqueued back to back without waiting (the
+    queue never fills with this few), median over batches."""
+    fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per_call)
+
+
+def make_calls(impl, args, dtype):
+    from . import multi_scale_deformable_attn
+    from .reference import msda_grid_sample
+    core = multi_scale_deformable_attn if impl == "triton" else msda_grid_sample
+    positional = [args[k] for k in ARG_NAMES]
+    grad = torch.randn(positional[0].shape[0], positional[3].shape[1],
+                       positional[0].shape[2] * positional[0].shape[3],
+                       device="cuda", dtype=dtype)
+    leaves = [positional[0], positional[3], positional[4]]
+
+    def forward():
+        with torch.no_grad():
+            return core(*positional)
+
+    def forward_backward():
+        for t in leaves:
+            t.grad = None
+        out = core(*positional)
+        out.backward(grad)
+
+    return forward, forward_backward
+
+
+def measure(preset, distribution, dtype_name, impl, bandwidth, progress):
+    import triton.testing
+    dtype = DTYPES[dtype_name]
+    args = preset_inputs(preset, distribution=distribution, dtype=dtype, device="cuda",
+                         requires_grad=True)
+    traffic = traffic_bytes(args)
+    forward, forward_backward = make_calls(impl, args, dtype)
+    flush_buffer = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+    rows = []
+    for direction, fn in (("forward", forward), ("forward_backward", forward_backward)):
+        progress(f"{preset:<12} {distribution:<8} {dtype_name:<5} {impl:<12} {direction}")
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        kernel_ms = triton.testing.do_bench(fn, return_mode="median",
+                                            grad_to_none=None)
+        row = {
+            "preset": preset, "distribution": distribution, "dtype": dtype_name,
+            "impl": impl, "direction": direction,
+            "kernel_us": kernel_ms * 1e3,
+            "graph_us": _try(_graph_us, fn, flush_buffer.zero_),
+            "device_us": _profiled_device_us(fn, flush_buffer.zero_),
+            "dispatch_us": _dispatch_us(fn) if direction == "forward" else None,
+            "peak_mem_bytes": peak,
+            "peak_over_base_bytes": peak - base,
+            "io_bytes": traffic["io_bytes"],
+            "floor_bytes": traffic[direction],
+            "floor_us": traffic[direction] / bandwidth * 1e6,
+            "touched_rows": traffic["touched_rows"],
+            "gathered_rows": traffic["gathered_rows"],
+        }
+        row["rows_per_s"] = traffic["gathered_rows"] / (row["kernel_us"] * 1e-6)
+        row["floor_ratio"] = row["kernel_us"] / row["floor_us"]
+        rows.append(row)
+        progress(f"    kernel {row['kernel_us']:9.1f} us  graph {row['graph_us'] or 0:9.1f} us  "
+                 f"device {row['device_us']:9.1f} us  floor {row['floor_us']:7.1f} us  "
+                 f"peak {peak / 2**30:6.2f} GiB")
+    del args, flush_buffer
+    torch.cuda.empty_cache()
+    return rows
+
+
+FORWARD_SWEEP = [(q, w) for q in (8, 16, 32, 64) for w in (2, 4, 8) if q * 32 >= w * 32 * 4]
+BACKWARD_SWEEP = [(q, w) for q in (16, 32, 64) for w in (2, 4, 8)]
+
+
+def sweep(progress, presets=("decoder", "encoder"), distributions=("uniform", "local"),
+          dtypes=("bf16", "fp32"), layouts=("bsmd", "bmsd")):
+    """Launch-configuration sweeps: forward (BLOCK_Q x warps x value layout) and backward
+    (BLOCK_Q x warps x value layout); each timing is a do_bench median, L2 flushed."""
+    import triton.testing
+
+    from .backward import msda_backward
+    from .forward import head_major, msda_forward
+    results = []
+    for preset in presets:
+        for distribution in distributions:
+            for dtype_name in dtypes:
+                args = preset_inputs(preset, distribution=distribution,
+                                     dtype=DTYPES[dtype_name], device="cuda")
+                pos = [args[k] for k in ARG_NAMES]
+                grad = torch.randn(pos[0].shape[0], pos[3].shape[1],
+                                   pos[0].shape[2] * pos[0].shape[3], device="cuda",
+                                   dtype=pos[0].dtype)
+                for layout in layouts:
+                    value = head_major(pos[0]) if layout == "bmsd" else pos[0]
+                    for kernel, configs in (("forward", FORWARD_SWEEP),
+                                            ("backward", BACKWARD_SWEEP)):
+                        for block_q, warps in configs:
+                            if kernel == "forward":
+                                def call(block_q=block_q, warps=warps):
+                                    return msda_forward(value, *pos[1:], block_q=block_q,
+                                                        num_warps=warps)
+                            else:
+                                def call(block_q=block_q, warps=warps):
+                                    return msda_backward(grad, value, *pos[1:],
+                                                         block_q=block_q, num_warps=warps)
+                            ms = triton.testing.do_bench(call, warmup=5, rep=20,
+                                                         return_mode="median")
+                            results.append({"kernel": kernel, "preset": preset,
+                                            "distribution": distribution, "dtype": dtype_name,
+                                            "layout": layout, "block_q": block_q,
+                                            "num_warps": warps, "us": ms * 1e3})
+                            progress(f"  sweep {kernel:<8} {preset:<8} {distribution:<8} "
+                                     f"{dtype_name} {layout} q{block_q:<3} w{warps}: "
+                                     f"{ms * 1e3:9.1f} us")
+                del args, pos, grad, value
+                torch.cuda.empty_cache()
+    return results
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description="Time the MSDA operator on a GPU.")
+    parser.add_argument("--out", default="results/bench_h200.json")
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS))
+    parser.add_argument("--distributions", nargs="+", default=["uniform", "local"])
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
+    parser.add_argument("--impls", nargs="+", default=["triton", "grid_sample"])
+    parser.add_argument("--sweep", action="store_true", help="add the launch-config sweeps")
+    parser.add_argument("--no-bench", action="store_true", help="only the sweeps")
+    parser.add_argument("--sweep-presets", nargs="+", default=["decoder", "encoder"])
+    parser.add_argument("--sweep-dtypes", nargs="+", default=["bf16", "fp32"])
+    parser.add_argument("--sweep-distributions", nargs="+", default=["uniform", "local"])
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("source_kernels.bench needs a CUDA GPU; none is visible.", file=sys.stderr)
+        return 2
+    started = time.time()
+    todo = (0 if args.no_bench else len(args.presets) * len(args.distributions) *
+            len(args.dtypes) * len(args.impls))
+    done = [0]
+
+    def progress(message):
+        if not message.startswith(" "):
+            done[0] += 1
+        elapsed = time.time() - started
+        print(f"[{elapsed:7.1f}s {min(done[0], 2 * todo) if todo else 0:>3}/{2 * todo}] {message}",
+              flush=True)
+
+    result = {"provenance": provenance(argv)}
+    result["provenance"]["copy_bandwidth_Bps"] = bandwidth = copy_bandwidth()
+    progress(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    rows = []
+    if not args.no_bench:
+        for preset in args.presets:
+            for distribution in args.distributions:
+                for dtype_name in args.dtypes:
+                    for impl in args.impls:
+                        try:
+                            rows += measure(preset, distribution, dtype_name, impl, bandwidth,
+                                            progress)
+                        except Exception as error:          # record and go on
+                            progress(f"    FAILED: {type(error).__name__}: {error}")
+                            rows.append({"preset": preset, "distribution": distribution,
+                                         "dtype": dtype_name, "impl": impl,
+                                         "error": f"{type(error).__name__}: {error}"})
+                            torch.cuda.empty_cache()
+                        _write(args.out, dict(result, rows=rows))
+    result["rows"] = rows
+    if args.sweep:
+        result["sweep"] = sweep(progress, args.sweep_presets, args.sweep_distributions,
+                                args.sweep_dtypes)
+    _write(args.out, result)
+    print(f"wrote {args.out} in {time.time() - started:.0f} s")
+    return 0
+
+
+def _write(path, data):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as handle:
+        json.dump(data, handle, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
