@@ -22,7 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .forward import regime
 from .sampling import corner_tile, pixel_corners
+from .tiled import _msda_backward_tiled_kernel
 
 __all__ = ["msda_backward", "default_fp32_grad_accum", "BWD_BLOCK_Q", "BWD_NUM_WARPS",
            "_msda_backward_kernel"]
@@ -36,6 +38,12 @@ __all__ = ["msda_backward", "default_fp32_grad_accum", "BWD_BLOCK_Q", "BWD_NUM_W
 # the same answer without any of this, and keeps the first call free of a tuning pause.
 BWD_BLOCK_Q = 16
 BWD_NUM_WARPS = 4
+# The operator's plan per regime and element size (see forward.FORWARD_PLAN): (kernel,
+# BLOCK_Q, num_warps), fixed from the same sweep.
+BACKWARD_PLAN = {
+    ("small", 2): ("tiled", 2, 4), ("small", 4): ("tiled", 2, 4),
+    ("large", 2): ("tiled", 2, 4), ("large", 4): ("tiled", 2, 4),
+}
 
 
 @triton.jit
@@ -152,8 +160,8 @@ def default_fp32_grad_accum(dtype: torch.dtype, device) -> bool:
 
 
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                  attention_weights, *, fp32_grad_accum=None, block_q=BWD_BLOCK_Q,
-                  num_warps=BWD_NUM_WARPS):
+                  attention_weights, *, fp32_grad_accum=None, block_q=None,
+                  num_warps=None, kernel=None):
     """Launch the backward kernel on validated inputs.
 
     grad_output (B, Q, M*D) and the forward's inputs (value with contiguous channels and any
@@ -161,7 +169,9 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     (B, S, M, D) contiguous, grad_sampling_locations (B, Q, M, L, K, 2),
     grad_attention_weights (B, Q, M, L, K)), each in the dtype of its input.
     ``fp32_grad_accum`` (default: ``default_fp32_grad_accum``) accumulates grad_value in an
-    fp32 buffer instead of the value's dtype.
+    fp32 buffer instead of the value's dtype.  ``kernel`` ("loop" or "tiled"), ``block_q``
+    and ``num_warps`` as for ``forward.msda_forward``: the loop kernel defaults to
+    (BWD_BLOCK_Q, BWD_NUM_WARPS); with nothing given, BACKWARD_PLAN decides.
     """
     batch, total, heads, channels = value.shape
     _, queries, _, levels, points, _ = sampling_locations.shape
@@ -180,18 +190,30 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
                              device=value.device).permute(*[order.index(a) for a in range(4)])
     grad_loc = torch.empty_like(sampling_locations)
     grad_attn = torch.empty_like(attention_weights)
+    if kernel is None and block_q is None:
+        kernel, block_q, planned_warps = BACKWARD_PLAN[(regime(batch, queries, heads),
+                                                         min(value.element_size(), 4))]
+        num_warps = num_warps or planned_warps
+    kernel = kernel or "loop"
+    block_q = block_q or BWD_BLOCK_Q
+    num_warps = num_warps or BWD_NUM_WARPS
     if grad_attn.numel() > 0 and value.numel() > 0:
         acc_dtype = tl.float64 if value.dtype == torch.float64 else tl.float32
         grid = (triton.cdiv(queries, block_q), batch * heads)
-        with torch.cuda.device(value.device) if value.is_cuda else _nullcontext():
-            _msda_backward_kernel[grid](
-                grad_output.contiguous(), value, spatial_shapes, level_start_index,
+        common = dict(L=levels, K=points, BLOCK_Q=block_q,
+                      BLOCK_D=triton.next_power_of_2(channels), ACC_DTYPE=acc_dtype,
+                      num_warps=num_warps)
+        args = (grad_output.contiguous(), value, spatial_shapes, level_start_index,
                 sampling_locations, attention_weights, grad_value, grad_loc, grad_attn,
-                value.stride(0), value.stride(1), value.stride(2), queries, heads, channels,
-                L=levels, K=points, BLOCK_Q=block_q,
-                BLOCK_D=triton.next_power_of_2(channels), ACC_DTYPE=acc_dtype,
-                num_warps=num_warps,
-            )
+                value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
+        with torch.cuda.device(value.device) if value.is_cuda else _nullcontext():
+            if kernel == "tiled":
+                _msda_backward_tiled_kernel[grid](
+                    *args, LK_PAD=triton.next_power_of_2(levels * points), **common)
+            elif kernel == "loop":
+                _msda_backward_kernel[grid](*args, **common)
+            else:
+                raise ValueError(f"kernel must be 'loop' or 'tiled', got {kernel!r}")
     elif grad_attn.numel() > 0:
         grad_loc.zero_()
         grad_attn.zero_()

@@ -250,18 +250,25 @@ def measure(preset, distribution, dtype_name, impl, bandwidth, progress):
     return rows
 
 
-FORWARD_SWEEP = [(q, w) for q in (8, 16, 32, 64) for w in (2, 4, 8) if q * 32 >= w * 32 * 4]
-BACKWARD_SWEEP = [(q, w) for q in (16, 32, 64) for w in (2, 4, 8)]
+# (kernel, BLOCK_Q, num_warps) candidates of the launch-configuration sweep.
+FORWARD_SWEEP = [("loop", 16, 2), ("loop", 16, 4), ("loop", 32, 4), ("loop", 64, 4),
+                 ("tiled", 1, 1), ("tiled", 1, 2), ("tiled", 2, 2), ("tiled", 2, 4),
+                 ("tiled", 4, 4), ("tiled", 4, 8), ("tiled", 8, 8)]
+BACKWARD_SWEEP = [("loop", 16, 2), ("loop", 16, 4), ("loop", 32, 4), ("loop", 32, 8),
+                  ("tiled", 1, 1), ("tiled", 1, 2), ("tiled", 2, 2), ("tiled", 2, 4),
+                  ("tiled", 4, 4), ("tiled", 4, 8)]
+# Which preset stands for which regime of the plan (source_kernels.forward.regime).
+REGIME_PRESET = {"small": "decoder", "large": "encoder"}
 
 
-def sweep(progress, presets=("decoder", "encoder"), distributions=("uniform", "local"),
-          dtypes=("bf16", "fp32"), layouts=("bsmd", "bmsd")):
-    """Launch-configuration sweeps: forward (BLOCK_Q x warps x value layout) and backward
-    (BLOCK_Q x warps x value layout); each timing is a do_bench median, L2 flushed."""
+def sweep(progress, presets=("decoder", "encoder"), distributions=("uniform",),
+          dtypes=("bf16", "fp32")):
+    """Launch-configuration sweep of both kernels (loop, tiled) forward and backward; each
+    timing is a do_bench median with L2 flushed.  Returns the rows."""
     import triton.testing
 
     from .backward import msda_backward
-    from .forward import head_major, msda_forward
+    from .forward import msda_forward
     results = []
     for preset in presets:
         for distribution in distributions:
@@ -272,31 +279,81 @@ def sweep(progress, presets=("decoder", "encoder"), distributions=("uniform", "l
                 grad = torch.randn(pos[0].shape[0], pos[3].shape[1],
                                    pos[0].shape[2] * pos[0].shape[3], device="cuda",
                                    dtype=pos[0].dtype)
-                for layout in layouts:
-                    value = head_major(pos[0]) if layout == "bmsd" else pos[0]
-                    for kernel, configs in (("forward", FORWARD_SWEEP),
-                                            ("backward", BACKWARD_SWEEP)):
-                        for block_q, warps in configs:
-                            if kernel == "forward":
-                                def call(block_q=block_q, warps=warps):
-                                    return msda_forward(value, *pos[1:], block_q=block_q,
-                                                        num_warps=warps)
-                            else:
-                                def call(block_q=block_q, warps=warps):
-                                    return msda_backward(grad, value, *pos[1:],
-                                                         block_q=block_q, num_warps=warps)
-                            ms = triton.testing.do_bench(call, warmup=5, rep=20,
-                                                         return_mode="median")
-                            results.append({"kernel": kernel, "preset": preset,
-                                            "distribution": distribution, "dtype": dtype_name,
-                                            "layout": layout, "block_q": block_q,
-                                            "num_warps": warps, "us": ms * 1e3})
-                            progress(f"  sweep {kernel:<8} {preset:<8} {distribution:<8} "
-                                     f"{dtype_name} {layout} q{block_q:<3} w{warps}: "
-                                     f"{ms * 1e3:9.1f} us")
-                del args, pos, grad, value
+                for direction, configs in (("forward", FORWARD_SWEEP),
+                                           ("backward", BACKWARD_SWEEP)):
+                    for kernel, block_q, warps in configs:
+                        if direction == "forward":
+                            def call(kernel=kernel, block_q=block_q, warps=warps):
+                                return msda_forward(*pos, kernel=kernel, block_q=block_q,
+                                                    num_warps=warps)
+                        else:
+                            def call(kernel=kernel, block_q=block_q, warps=warps):
+                                return msda_backward(grad, *pos, kernel=kernel,
+                                                     block_q=block_q, num_warps=warps)
+                        try:
+                            us = triton.testing.do_bench(call, warmup=5, rep=25,
+                                                         return_mode="median") * 1e3
+                        except Exception as error:           # noqa: BLE001
+                            progress(f"  sweep {direction} {kernel} q{block_q} w{warps}: "
+                                     f"FAILED {type(error).__name__}: {error}")
+                            continue
+                        results.append({"kernel": direction, "variant": kernel,
+                                        "preset": preset, "distribution": distribution,
+                                        "dtype": dtype_name, "block_q": block_q,
+                                        "num_warps": warps, "us": us})
+                        progress(f"  sweep {direction:<8} {preset:<8} {distribution:<8} "
+                                 f"{dtype_name} {kernel:<5} q{block_q:<3} w{warps}: "
+                                 f"{us:9.1f} us")
+                del args, pos, grad
                 torch.cuda.empty_cache()
     return results
+
+
+def plan_from_sweep(rows):
+    """The fastest (kernel, BLOCK_Q, num_warps) per direction, regime and element size:
+    the plan that source_kernels.forward.FORWARD_PLAN / backward.BACKWARD_PLAN ship."""
+    plan = {"forward": {}, "backward": {}}
+    for direction in plan:
+        for regime, preset in REGIME_PRESET.items():
+            for dtype_name, size in (("bf16", 2), ("fp32", 4)):
+                candidates = [r for r in rows if r["kernel"] == direction and
+                              r["preset"] == preset and r["dtype"] == dtype_name]
+                if candidates:
+                    best = min(candidates, key=lambda r: r["us"])
+                    plan[direction][f"{regime},{size}"] = [best["variant"], best["block_q"],
+                                                          best["num_warps"]]
+    return plan
+
+
+def apply_plan(plan):
+    from . import backward, forward
+    for direction, table in (("forward", forward.FORWARD_PLAN),
+                             ("backward", backward.BACKWARD_PLAN)):
+        for key, value in plan.get(direction, {}).items():
+            regime, size = key.split(",")
+            table[(regime, int(size))] = tuple(value)
+
+
+def dispatch_breakdown(progress):
+    """Host time of the pieces of one eager forward call on the decoder preset (bf16)."""
+    from . import multi_scale_deformable_attn
+    from .forward import msda_forward
+    from .op import _prepare
+    from .validate import validate_inputs
+    args = preset_inputs("decoder", dtype=torch.bfloat16, device="cuda")
+    pos = [args[k] for k in ARG_NAMES]
+    prepared = _prepare(*pos)
+    pieces = {
+        "validate_inputs": lambda: validate_inputs(*pos),
+        "kernel launch (msda_forward)": lambda: msda_forward(*prepared),
+        "whole eager call (multi_scale_deformable_attn)":
+            lambda: multi_scale_deformable_attn(*pos),
+        "one torch op (torch.empty_like)": lambda: torch.empty_like(pos[0]),
+    }
+    result = {name: _dispatch_us(fn) for name, fn in pieces.items()}
+    for name, us in result.items():
+        progress(f"  dispatch {name}: {us:.1f} us")
+    return result
 
 
 def main(argv=None) -> int:
@@ -311,7 +368,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-bench", action="store_true", help="only the sweeps")
     parser.add_argument("--sweep-presets", nargs="+", default=["decoder", "encoder"])
     parser.add_argument("--sweep-dtypes", nargs="+", default=["bf16", "fp32"])
-    parser.add_argument("--sweep-distributions", nargs="+", default=["uniform", "local"])
+    parser.add_argument("--sweep-distributions", nargs="+", default=["uniform"])
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("source_kernels.bench needs a CUDA GPU; none is visible.", file=sys.stderr)
@@ -331,6 +388,18 @@ def main(argv=None) -> int:
     result = {"provenance": provenance(argv)}
     result["provenance"]["copy_bandwidth_Bps"] = bandwidth = copy_bandwidth()
     progress(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    if args.sweep:
+        result["sweep"] = sweep(progress, args.sweep_presets, args.sweep_distributions,
+                                args.sweep_dtypes)
+        result["plan"] = plan_from_sweep(result["sweep"])
+        apply_plan(result["plan"])
+        progress(f"plan from the sweep: {json.dumps(result['plan'])}")
+        _write(args.out, result)
+    from . import backward, forward
+    result["plan_used"] = {
+        "forward": {f"{r},{s}": list(v) for (r, s), v in forward.FORWARD_PLAN.items()},
+        "backward": {f"{r},{s}": list(v) for (r, s), v in backward.BACKWARD_PLAN.items()}}
+    result["dispatch_breakdown_us"] = dispatch_breakdown(progress)
     rows = []
     if not args.no_bench:
         for preset in args.presets:
@@ -348,9 +417,6 @@ def main(argv=None) -> int:
                             torch.cuda.empty_cache()
                         _write(args.out, dict(result, rows=rows))
     result["rows"] = rows
-    if args.sweep:
-        result["sweep"] = sweep(progress, args.sweep_presets, args.sweep_distributions,
-                                args.sweep_dtypes)
     _write(args.out, result)
     print(f"wrote {args.out} in {time.time() - started:.0f} s")
     return 0

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .sampling import corner_tile, pixel_corners
+from .tiled import _msda_forward_tiled_kernel
 
 __all__ = ["msda_forward", "forward_config", "_msda_forward_kernel"]
 
@@ -99,6 +100,22 @@ def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
     return block_q, 4
 
 
+# Launch plan for the operator, chosen by the H200 sweep that source_kernels.bench records in
+# results/bench_h200.json ("plan"): (kernel, BLOCK_Q, num_warps) per regime and element size.
+# "loop" is _msda_forward_kernel above (samples one after another); "tiled" is
+# tiled._msda_forward_tiled_kernel (all samples of a query in one tile).  Small problems are
+# bound by memory latency, large ones by the rate of gathers.
+FORWARD_PLAN = {
+    ("small", 2): ("tiled", 2, 4), ("small", 4): ("tiled", 2, 4),
+    ("large", 2): ("tiled", 2, 4), ("large", 4): ("tiled", 2, 4),
+}
+LARGE_ROWS = 2 ** 17          # B*Q*M above which a call counts as "large"
+
+
+def regime(batch: int, queries: int, heads: int) -> str:
+    return "large" if batch * queries * heads > LARGE_ROWS else "small"
+
+
 def head_major(value: torch.Tensor) -> torch.Tensor:
     """A (B, S, M, D) view of a head-major (B, M, S, D) copy of value: neighbouring pixels of
     one head become neighbouring rows, so a corner pair (x0, x1) sits in one 128-byte line."""
@@ -106,13 +123,15 @@ def head_major(value: torch.Tensor) -> torch.Tensor:
 
 
 def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
-                 attention_weights, *, block_q=None, num_warps=None):
+                 attention_weights, *, block_q=None, num_warps=None, kernel=None):
     """Launch the forward kernel on validated inputs.
 
     value (B, S, M, D) with contiguous channels (any other strides: pass ``head_major(value)``
     for the head-major layout); spatial_shapes (L, 2) int64; level_start_index (L,) int64;
     sampling_locations (B, Q, M, L, K, 2) and attention_weights (B, Q, M, L, K) contiguous;
     all on one device, value/locations/weights in one floating dtype.  Returns (B, Q, M*D).
+    ``kernel`` is "loop" or "tiled"; with neither it nor ``block_q`` given, FORWARD_PLAN
+    decides; with only ``block_q`` given, the loop kernel runs with it.
     """
     batch, _, heads, channels = value.shape
     _, queries, _, levels, points, _ = sampling_locations.shape
@@ -121,19 +140,28 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
         return out
     if value.stride(3) != 1:
         value = value.contiguous()
+    if kernel is None and block_q is None:
+        kernel, block_q, planned_warps = FORWARD_PLAN[(regime(batch, queries, heads),
+                                                        min(value.element_size(), 4))]
+        num_warps = num_warps or planned_warps
+    kernel = kernel or "loop"
     cfg_q, cfg_warps = forward_config(channels, value.dtype)
     block_q = block_q or cfg_q
     num_warps = num_warps or cfg_warps
     acc_dtype = tl.float64 if value.dtype == torch.float64 else tl.float32
     grid = (triton.cdiv(queries, block_q), batch * heads)
+    common = dict(L=levels, K=points, BLOCK_Q=block_q, BLOCK_D=triton.next_power_of_2(channels),
+                  ACC_DTYPE=acc_dtype, num_warps=num_warps)
+    args = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+            out, value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
     with torch.cuda.device(value.device) if value.is_cuda else _nullcontext():
-        _msda_forward_kernel[grid](
-            value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-            out, value.stride(0), value.stride(1), value.stride(2), queries, heads, channels,
-            L=levels, K=points, BLOCK_Q=block_q,
-            BLOCK_D=triton.next_power_of_2(channels), ACC_DTYPE=acc_dtype,
-            num_warps=num_warps,
-        )
+        if kernel == "tiled":
+            _msda_forward_tiled_kernel[grid](*args, LK_PAD=triton.next_power_of_2(levels * points),
+                                             **common)
+        elif kernel == "loop":
+            _msda_forward_kernel[grid](*args, **common)
+        else:
+            raise ValueError(f"kernel must be 'loop' or 'tiled', got {kernel!r}")
     return out
 
 

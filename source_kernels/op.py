@@ -26,20 +26,22 @@ __all__ = ["MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn", "m
 
 
 def _prepare(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
-    """Contiguous tensors and int64 shape tensors, as the kernels expect."""
-    return (value.contiguous(), spatial_shapes.to(torch.int64).contiguous(),
-            level_start_index.to(torch.int64).contiguous(), sampling_locations.contiguous(),
-            attention_weights.contiguous())
+    """int64 shape tensors and contiguous parameters, as the kernels expect (value may keep
+    any strides with contiguous channels: the kernels index it through its strides)."""
+    if spatial_shapes.dtype is not torch.int64:
+        spatial_shapes = spatial_shapes.to(torch.int64)
+    if level_start_index.dtype is not torch.int64:
+        level_start_index = level_start_index.to(torch.int64)
+    return (value, spatial_shapes.contiguous(), level_start_index.contiguous(),
+            sampling_locations.contiguous(), attention_weights.contiguous())
 
 
-class MultiScaleDeformableAttnFunction(torch.autograd.Function):
-    """mmcv-compatible autograd Function running the Triton kernels."""
+class _ValidatedMSDA(torch.autograd.Function):
+    """The autograd Function on inputs that were already validated."""
 
     @staticmethod
     def forward(ctx, value, value_spatial_shapes, value_level_start_index, sampling_locations,
                 attention_weights, im2col_step=64, fp32_grad_accum=None):
-        validate_inputs(value, value_spatial_shapes, value_level_start_index,
-                        sampling_locations, attention_weights, im2col_step)
         args = _prepare(value, value_spatial_shapes, value_level_start_index,
                         sampling_locations, attention_weights)
         ctx.save_for_backward(*args)
@@ -54,6 +56,19 @@ class MultiScaleDeformableAttnFunction(torch.autograd.Function):
             grad_output.contiguous(), value, shapes, starts, loc, attn,
             fp32_grad_accum=ctx.fp32_grad_accum)
         return grad_value, None, None, grad_loc, grad_attn, None, None
+
+
+class MultiScaleDeformableAttnFunction(_ValidatedMSDA):
+    """mmcv-compatible autograd Function running the Triton kernels (validates its inputs)."""
+
+    @staticmethod
+    def forward(ctx, value, value_spatial_shapes, value_level_start_index, sampling_locations,
+                attention_weights, im2col_step=64, fp32_grad_accum=None):
+        validate_inputs(value, value_spatial_shapes, value_level_start_index,
+                        sampling_locations, attention_weights, im2col_step)
+        return _ValidatedMSDA.forward(ctx, value, value_spatial_shapes,
+                                      value_level_start_index, sampling_locations,
+                                      attention_weights, im2col_step, fp32_grad_accum)
 
 
 # ----------------------------------------------------------------------------------------
@@ -127,7 +142,13 @@ def multi_scale_deformable_attn(value, value_spatial_shapes, value_level_start_i
                              "default for the device is used")
         return msda(*_prepare(value, value_spatial_shapes, value_level_start_index,
                               sampling_locations, attention_weights))
-    return MultiScaleDeformableAttnFunction.apply(value, value_spatial_shapes,
-                                                  value_level_start_index, sampling_locations,
-                                                  attention_weights, im2col_step,
-                                                  fp32_grad_accum)
+    validate_inputs(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+                    attention_weights, im2col_step)
+    if not (torch.is_grad_enabled() and (value.requires_grad or sampling_locations.requires_grad
+                                         or attention_weights.requires_grad)):
+        # Inference: no autograd node to build, straight to the kernel.
+        return msda_forward(*_prepare(value, value_spatial_shapes, value_level_start_index,
+                                      sampling_locations, attention_weights))
+    return _ValidatedMSDA.apply(value, value_spatial_shapes, value_level_start_index,
+                                sampling_locations, attention_weights, im2col_step,
+                                fp32_grad_accum)

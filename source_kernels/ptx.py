@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from . import backward, forward
+from . import backward, forward, tiled
 
 __all__ = ["compile_ptx", "atomic_instructions", "atomic_summary", "main"]
 
@@ -72,7 +72,23 @@ def compile_ptx(kernel: str, arch: int, dtype: torch.dtype = torch.bfloat16,
         return done.stdout
     elem = "*" + _TRITON_TYPE[dtype]
     block_d = triton.next_power_of_2(channels)
-    if kernel == "forward":
+    constexprs = {"L": levels, "K": points}
+    if kernel.endswith("_tiled"):
+        constexprs["LK_PAD"] = triton.next_power_of_2(levels * points)
+        default_q, default_warps = (forward.FORWARD_PLAN if kernel == "forward_tiled"
+                                    else backward.BACKWARD_PLAN)[("large", 2)][1:]
+    if kernel == "forward_tiled":
+        fn = _jit(kernel_fn or tiled._msda_forward_tiled_kernel)
+        signature = {"value_ptr": elem, "shapes_ptr": "*i64", "starts_ptr": "*i64",
+                     "loc_ptr": elem, "attn_ptr": elem, "out_ptr": elem}
+    elif kernel == "backward_tiled":
+        fn = _jit(kernel_fn or tiled._msda_backward_tiled_kernel)
+        grad_value = "*fp32" if fp32_grad_accum and dtype in (torch.float16, torch.bfloat16) \
+            else elem
+        signature = {"grad_out_ptr": elem, "value_ptr": elem, "shapes_ptr": "*i64",
+                     "starts_ptr": "*i64", "loc_ptr": elem, "attn_ptr": elem,
+                     "grad_value_ptr": grad_value, "grad_loc_ptr": elem, "grad_attn_ptr": elem}
+    elif kernel == "forward":
         fn = _jit(kernel_fn or forward._msda_forward_kernel)
         default_q, default_warps = forward.forward_config(channels, dtype)
         signature = {"value_ptr": elem, "shapes_ptr": "*i64", "starts_ptr": "*i64",
@@ -86,11 +102,12 @@ def compile_ptx(kernel: str, arch: int, dtype: torch.dtype = torch.bfloat16,
                      "starts_ptr": "*i64", "loc_ptr": elem, "attn_ptr": elem,
                      "grad_value_ptr": grad_value, "grad_loc_ptr": elem, "grad_attn_ptr": elem}
     else:
-        raise ValueError(f"kernel must be 'forward' or 'backward', got {kernel!r}")
+        raise ValueError("kernel must be 'forward', 'backward', 'forward_tiled' or "
+                         f"'backward_tiled', got {kernel!r}")
     signature.update({"stride_b": "i32", "stride_s": "i32", "stride_m": "i32", "Q": "i32",
                       "M": "i32", "D": "i32"})
-    constexprs = {"L": levels, "K": points, "BLOCK_Q": block_q or default_q,
-                  "BLOCK_D": block_d, "ACC_DTYPE": _acc(dtype)}
+    constexprs.update({"BLOCK_Q": block_q or default_q, "BLOCK_D": block_d,
+                       "ACC_DTYPE": _acc(dtype)})
     signature.update({name: "constexpr" for name in constexprs})
     # Pointers are 16-byte aligned, as torch's allocations are; D = 32 is a multiple of 16.
     # Strides as for a contiguous (B, S, M, D) value with M = 8 heads.

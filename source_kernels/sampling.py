@@ -33,3 +33,13 @@ def corner_tile(start, row, col, width, inside, mask_q, offs_d, mask_d, row_stri
     offsets = (s * row_stride)[:, None] + offs_d[None, :]
     mask = (mask_q & inside)[:, None] & mask_d[None, :]
     return offsets, mask
+
+
+@triton.jit
+def corner_tile_3d(start, row, col, width, inside, mask_qs, offs_d, mask_d, row_stride):
+    """As ``corner_tile`` for a (BLOCK_Q, SAMPLES) grid of samples: element offsets
+    (BLOCK_Q, SAMPLES, BLOCK_D) in int64, and their mask."""
+    s = start + (row * width + col).to(tl.int64)
+    offsets = (s * row_stride)[:, :, None] + offs_d[None, None, :]
+    mask = (mask_qs & inside)[:, :, None] & mask_d[None, None, :]
+    return offsets, mask

@@ -25,18 +25,6 @@ def _require_tensor(name, t):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _require_rank(name, t, rank, layout):
-    if t.dim() != rank:
-        raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape "
-                         f"{tuple(t.shape)}")
-
-
-def _require_size(name, t, axis, expected, meaning):
-    if t.shape[axis] != expected:
-        raise ValueError(f"{name} has size {t.shape[axis]} on axis {axis} ({meaning}); "
-                         f"expected {expected} (shape {tuple(t.shape)})")
-
-
 def _check_contents(spatial_shapes, level_start_index, total):
     shapes = spatial_shapes.tolist()
     starts = level_start_index.tolist()
@@ -76,7 +64,8 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
     Shapes: value (B, S, M, D); value_spatial_shapes (L, 2) integer; value_level_start_index
     (L,) integer; sampling_locations (B, Q, M, L, K, 2); attention_weights (B, Q, M, L, K).
     value, sampling_locations and attention_weights share one floating dtype; all five
-    tensors share one device.
+    tensors share one device.  Written to cost a few microseconds of host time per call:
+    every eager call of the operator pays it.
     """
     names = ("value", "value_spatial_shapes", "value_level_start_index",
              "sampling_locations", "attention_weights")
@@ -84,53 +73,52 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
                attention_weights)
     for name, t in zip(names, tensors):
         _require_tensor(name, t)
-    for name, t in ((names[0], value), (names[3], sampling_locations),
-                    (names[4], attention_weights)):
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must be a floating tensor (float16, bfloat16, float32 or "
-                            f"float64), got {t.dtype}")
+    dtype = value.dtype
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"value must be a floating tensor (float16, bfloat16, float32 or "
+                        f"float64), got {dtype}")
     for name, t in ((names[3], sampling_locations), (names[4], attention_weights)):
-        if t.dtype != value.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but value has {value.dtype}: pass "
+        if t.dtype is not dtype:
+            if t.dtype not in FLOAT_DTYPES:
+                raise TypeError(f"{name} must be a floating tensor (float16, bfloat16, "
+                                f"float32 or float64), got {t.dtype}")
+            raise TypeError(f"{name} has dtype {t.dtype} but value has {dtype}: pass "
                             "all three floating tensors in one dtype")
     for name, t in ((names[1], value_spatial_shapes), (names[2], value_level_start_index)):
         if t.dtype not in _INT_DTYPES:
             raise TypeError(f"{name} must be an int64 (or int32) tensor, got {t.dtype}")
+    device = value.device
     for name, t in zip(names[1:], tensors[1:]):
-        if t.device != value.device:
-            raise ValueError(f"{name} is on {t.device} but value is on {value.device}: "
+        other = t.device
+        if other is not device and other != device:
+            raise ValueError(f"{name} is on {other} but value is on {device}: "
                              "all inputs must be on one device")
-    if isinstance(im2col_step, bool) or not isinstance(im2col_step, int) or im2col_step <= 0:
+    if im2col_step.__class__ is not int or im2col_step <= 0:
         raise ValueError(f"im2col_step must be a positive int, got {im2col_step!r}")
 
-    _require_rank("value", value, 4, "(B, S, M, D)")
-    _require_rank("value_spatial_shapes", value_spatial_shapes, 2, "(L, 2)")
-    _require_rank("value_level_start_index", value_level_start_index, 1, "(L,)")
-    _require_rank("sampling_locations", sampling_locations, 6, "(B, Q, M, L, K, 2)")
-    _require_rank("attention_weights", attention_weights, 5, "(B, Q, M, L, K)")
-
-    batch, total, heads, channels = value.shape
-    levels = value_spatial_shapes.shape[0]
-    _require_size("value_spatial_shapes", value_spatial_shapes, 1, 2, "(H, W) per level")
-    if levels == 0:
-        raise ValueError("value_spatial_shapes describes no level: L must be at least 1")
-    if channels == 0 or heads == 0:
-        raise ValueError(f"value needs at least one head and one channel, got shape "
-                         f"{tuple(value.shape)}")
-    _require_size("value_level_start_index", value_level_start_index, 0, levels, "L levels")
-    _require_size("sampling_locations", sampling_locations, 0, batch, "B, from value")
-    _require_size("sampling_locations", sampling_locations, 2, heads, "M heads, from value")
-    _require_size("sampling_locations", sampling_locations, 3, levels,
-                  "L levels, from value_spatial_shapes")
-    _require_size("sampling_locations", sampling_locations, 5, 2, "(x, y)")
-    queries, points = sampling_locations.shape[1], sampling_locations.shape[4]
-    if points == 0:
-        raise ValueError("sampling_locations has K = 0 points per level: K must be at least 1")
-    expected = (batch, queries, heads, levels, points)
-    if tuple(attention_weights.shape) != expected:
-        raise ValueError(f"attention_weights must have shape (B, Q, M, L, K) = {expected} "
-                         f"from value and sampling_locations, got "
-                         f"{tuple(attention_weights.shape)}")
+    value_shape = value.shape
+    shapes_shape = value_spatial_shapes.shape
+    loc_shape = sampling_locations.shape
+    attn_shape = attention_weights.shape
+    for name, shape, rank, layout in (
+            ("value", value_shape, 4, "(B, S, M, D)"),
+            ("value_spatial_shapes", shapes_shape, 2, "(L, 2)"),
+            ("value_level_start_index", value_level_start_index.shape, 1, "(L,)"),
+            ("sampling_locations", loc_shape, 6, "(B, Q, M, L, K, 2)"),
+            ("attention_weights", attn_shape, 5, "(B, Q, M, L, K)")):
+        if len(shape) != rank:
+            raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape "
+                             f"{tuple(shape)}")
+    batch, total, heads, channels = value_shape
+    levels = shapes_shape[0]
+    queries, points = loc_shape[1], loc_shape[4]
+    if (shapes_shape[1] != 2 or levels == 0 or channels == 0 or heads == 0 or points == 0
+            or value_level_start_index.shape[0] != levels
+            or loc_shape[0] != batch or loc_shape[2] != heads or loc_shape[3] != levels
+            or loc_shape[5] != 2
+            or attn_shape != (batch, queries, heads, levels, points)):
+        _explain_shape_error(value_shape, shapes_shape, value_level_start_index.shape,
+                             loc_shape, attn_shape)
 
     if not check_contents:
         return
@@ -140,3 +128,33 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
         return
     _check_contents(value_spatial_shapes, value_level_start_index, total)
     _remember_contents(value_spatial_shapes, value_level_start_index, total)
+
+
+def _explain_shape_error(value_shape, shapes_shape, starts_shape, loc_shape, attn_shape):
+    """The slow path: find the first inconsistent size and say which argument holds it."""
+    batch, _, heads, channels = value_shape
+    levels = shapes_shape[0]
+    if shapes_shape[1] != 2:
+        raise ValueError(f"value_spatial_shapes has size {shapes_shape[1]} on axis 1 "
+                         f"((H, W) per level); expected 2 (shape {tuple(shapes_shape)})")
+    if levels == 0:
+        raise ValueError("value_spatial_shapes describes no level: L must be at least 1")
+    if channels == 0 or heads == 0:
+        raise ValueError(f"value needs at least one head and one channel, got shape "
+                         f"{tuple(value_shape)}")
+    checks = (
+        ("value_level_start_index", starts_shape, 0, levels, "L levels"),
+        ("sampling_locations", loc_shape, 0, batch, "B, from value"),
+        ("sampling_locations", loc_shape, 2, heads, "M heads, from value"),
+        ("sampling_locations", loc_shape, 3, levels, "L levels, from value_spatial_shapes"),
+        ("sampling_locations", loc_shape, 5, 2, "(x, y)"),
+    )
+    for name, shape, axis, expected, meaning in checks:
+        if shape[axis] != expected:
+            raise ValueError(f"{name} has size {shape[axis]} on axis {axis} ({meaning}); "
+                             f"expected {expected} (shape {tuple(shape)})")
+    if loc_shape[4] == 0:
+        raise ValueError("sampling_locations has K = 0 points per level: K must be at least 1")
+    expected = (batch, loc_shape[1], heads, levels, loc_shape[4])
+    raise ValueError(f"attention_weights must have shape (B, Q, M, L, K) = {expected} "
+                     f"from value and sampling_locations, got {tuple(attn_shape)}")

@@ -399,3 +399,26 @@ def test_gpu_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+# ---------------------------------------------------------------------------- both kernels
+
+@pytest.mark.parametrize("kernel", ["loop", "tiled"])
+@pytest.mark.parametrize("block_q", [1, 4, 16])
+def test_loop_and_tiled_kernels_match_fp64(kernel, block_q):
+    """Both kernel variants, forward and backward, whatever the plan picks for the op."""
+    from source_kernels.forward import msda_forward
+    args = inputs(batch=2, queries=9, heads=2, channels=5, shapes=[[4, 3], [2, 5], [1, 1]],
+                  points=3, outside=0.2, seed=block_q)
+    ordered = [args[k] for k in ARG_NAMES]
+    grad_output = torch.randn(2, 9, 10, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    expected, grads = fp64_reference(args, grad_output)
+    out = msda_forward(*ordered, kernel=kernel, block_q=block_q)
+    assert_scaled_close(out, expected, TOLERANCE[torch.float32], f"{kernel} forward",
+                        MSDA_OUTPUT_AXES)
+    got = msda_backward(grad_output, *ordered, kernel=kernel, block_q=block_q)
+    kinks = on_a_pixel_boundary(args)
+    for name, g, e in zip(("grad_value", "grad_sampling_locations", "grad_attention_weights"),
+                          got, grads):
+        assert_scaled_close(g, e, GRAD_TOLERANCE[torch.float32], f"{kernel} {name}",
+                            ignore=kinks if name == "grad_sampling_locations" else None)
