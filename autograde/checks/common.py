@@ -1,0 +1,286 @@
+"""What every hidden check shares.
+
+``forbid_references()`` makes sure a graded function does its own work: while the context is
+open, every builtin chip (``source_kernels.chips.*``) and every reference or kernel entry
+point of ``source_kernels`` (everything but the input makers in ``source_kernels.inputs`` and
+the comparison helpers in ``source_kernels.testing``) raises
+``ReferenceCalled("graded function called the reference <name>")``.  A hidden check computes
+its expected result first, outside the context, and calls the student's function inside it.
+
+It catches the usual routes to a reference: a name imported into the notebook
+(``from source_kernels.chips.lab01 import msda_naive``), a module attribute
+(``reference.msda_naive``), a plain function reached any other way (its code object is
+swapped for the time of the call), a Triton kernel launched with ``kernel[grid](...)`` and
+the operator registered as ``torch.ops.source_kernels``.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import types
+
+import torch
+
+from autograde import recording
+
+__all__ = ["requires_gpu", "ReferenceCalled", "forbid_references", "forbidden_objects", "check_close",
+           "fresh_generator", "count_kernel_launches", "kernel_device"]
+
+ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing")
+
+
+class ReferenceCalled(AssertionError):
+    """A graded function called a builtin chip or a reference implementation."""
+
+
+def _is_forbidden_module(name: str) -> bool:
+    return (name == "source_kernels" or name.startswith("source_kernels.")) \
+        and not any(name == a or name.startswith(a + ".") for a in ALLOWED_MODULES)
+
+
+def _is_kernel(obj) -> bool:
+    """A Triton @jit object (compiled JITFunction or the interpreter's wrapper)."""
+    return hasattr(obj, "fn") and hasattr(obj, "run") and callable(getattr(obj, "fn", None))
+
+
+def _defined_in_forbidden(obj) -> bool:
+    if _is_kernel(obj):
+        module = getattr(obj.fn, "__module__", "") or ""
+    else:
+        module = getattr(obj, "__module__", "") or ""
+    return _is_forbidden_module(module)
+
+
+def forbidden_objects() -> dict:
+    """{id(obj): (qualified name, obj)} for every chip and reference entry point loaded."""
+    found = {}
+    for mod_name, module in list(sys.modules.items()):
+        if module is None or not _is_forbidden_module(mod_name):
+            continue
+        for attr, obj in list(vars(module).items()):
+            if attr.startswith("__") or isinstance(obj, types.ModuleType):
+                continue
+            if not (inspect.isfunction(obj) or inspect.isclass(obj) or _is_kernel(obj)):
+                continue
+            if not _defined_in_forbidden(obj):
+                continue            # e.g. torch or math imported into a chip module
+            if inspect.isclass(obj) and not issubclass(obj, torch.autograd.Function):
+                continue            # dataclasses, exceptions: data, not computations
+            found.setdefault(id(obj), (f"{mod_name}.{attr}", obj))
+    return found
+
+
+def _raiser(name: str):
+    message = f"graded function called the reference {name}: write this stage yourself"
+
+    def raise_reference_called(*args, **kwargs):
+        raise ReferenceCalled(message)
+
+    raise_reference_called.__name__ = name.rsplit(".", 1)[-1]
+    return raise_reference_called
+
+
+def _code_raiser(name: str) -> types.CodeType:
+    """A code object with no free variables and no globals, which raises AssertionError
+    (a builtin, so it resolves from whichever module's globals the function carries)."""
+    message = f"graded function called the reference {name}: write this stage yourself"
+    namespace = {}
+    exec(f"def _f(*args, **kwargs):\n    raise AssertionError({message!r})\n", namespace)
+    return namespace["_f"].__code__
+
+
+@contextlib.contextmanager
+def forbid_references(*student_functions, allow=()):
+    """Make every chip and reference entry point raise while the block runs.
+
+    ``student_functions``: the graded functions (their ``__globals__``, the notebook's
+    namespace, get the same treatment as ``__main__``).
+
+    ``allow``: module names (``"source_kernels.forward"``) whose functions and kernels stay
+    usable, wherever they are reached from (a chip that re-exports them included): for a lab
+    whose graded function builds on an earlier lab's chip, as lab 10's wrapper calls the
+    forward and backward kernels.
+
+    While autograding, the calls of ``student_functions`` made in the block are also recorded
+    and the grader replays the whole check outside the kernel (``autograde.recording``): so
+    pass every student function the block calls, and call them only inside the block."""
+    with recording.session(student_functions, allow=allow) as replaying:
+        if replaying:
+            yield
+        else:
+            with _forbid_in_kernel(*student_functions, allow=allow):
+                yield
+
+
+def _allowed(obj, allow) -> bool:
+    module = getattr(obj.fn if _is_kernel(obj) else obj, "__module__", "") or ""
+    return any(module == a or module.startswith(a + ".") for a in allow)
+
+
+@contextlib.contextmanager
+def _forbid_in_kernel(*student_functions, allow=()):
+    objects = {key: (name, obj) for key, (name, obj) in forbidden_objects().items()
+               if not _allowed(obj, allow)}
+    undo = []
+
+    def patch(target, attr, replacement, setter=setattr):
+        old = getattr(target, attr) if not isinstance(target, dict) else target[attr]
+        if isinstance(target, dict):
+            target[attr] = replacement
+            undo.append(lambda: target.__setitem__(attr, old))
+        else:
+            setter(target, attr, replacement)
+            undo.append(lambda: setattr(target, attr, old))
+
+    try:
+        raisers = {key: _raiser(name) for key, (name, _) in objects.items()}
+        # 1. module attributes of source_kernels and its chips
+        for mod_name, module in list(sys.modules.items()):
+            if module is None or not _is_forbidden_module(mod_name):
+                continue
+            for attr, obj in list(vars(module).items()):
+                if id(obj) in objects and objects[id(obj)][1] is obj and not inspect.isclass(obj):
+                    patch(module.__dict__, attr, raisers[id(obj)])
+        # 2. names bound in the notebook (and in each graded function's module)
+        namespaces = []
+        main = sys.modules.get("__main__")
+        if main is not None:
+            namespaces.append(vars(main))
+        for fn in student_functions:
+            target = getattr(fn, "fn", fn)      # a Triton kernel wraps a Python function
+            g = getattr(target, "__globals__", None)
+            if g is not None and all(g is not n for n in namespaces):
+                namespaces.append(g)
+        for namespace in namespaces:
+            for attr, obj in list(namespace.items()):
+                if id(obj) in objects and objects[id(obj)][1] is obj and not inspect.isclass(obj):
+                    patch(namespace, attr, raisers[id(obj)])
+        # 3. the objects themselves, however they are reached (classes keep their names:
+        #    an autograd Function's ``apply`` raises, a module's methods call patched code)
+        for name, obj in objects.values():
+            if inspect.isfunction(obj) and not obj.__code__.co_freevars:
+                old_code = obj.__code__
+                obj.__code__ = _code_raiser(name)
+                undo.append(lambda obj=obj, code=old_code: setattr(obj, "__code__", code))
+            elif _is_kernel(obj):
+                obj.run = raisers[id(obj)]      # kernel[grid](...) calls self.run
+                undo.append(lambda obj=obj: obj.__dict__.pop("run", None))
+            elif inspect.isclass(obj):
+                own = obj.__dict__.get("apply")
+                obj.apply = staticmethod(raisers[id(obj)])
+                undo.append(lambda obj=obj, own=own: setattr(obj, "apply", own)
+                            if own is not None else delattr(obj, "apply"))
+        # 4. the registered operator
+        namespace = getattr(torch.ops, "source_kernels", None) if _ops_loaded() else None
+        if namespace is not None:
+            for attr in list(vars(namespace)):
+                if not attr.startswith("_") and attr not in ("name",):
+                    try:
+                        patch(namespace, attr, _raiser(f"torch.ops.source_kernels.{attr}"))
+                    except (AttributeError, TypeError):
+                        pass
+        yield
+    finally:
+        for restore in reversed(undo):
+            restore()
+
+
+def _ops_loaded() -> bool:
+    """True once the operator module registered torch.ops.source_kernels (never trigger a
+    load of an unknown namespace, which raises)."""
+    return any(name.startswith("source_kernels.op") for name in sys.modules)
+
+
+def kernel_device() -> str:
+    """Where Triton kernels run: "cpu" under the interpreter (TRITON_INTERPRET=1, set by
+    ``import source_kernels`` when no GPU is visible), else "cuda"."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return "cpu"
+    return "cuda"
+
+
+def fresh_generator(seed=None) -> torch.Generator:
+    """A generator seeded from the wall clock unless ``seed`` is given: hidden checks draw
+    inputs the student never saw."""
+    import time
+
+    if seed is None:
+        seed = recording.next_seed()        # while autograding: the grader's seed, else None
+    if seed is None:
+        seed = time.time_ns() % (2 ** 31)
+    return torch.Generator().manual_seed(int(seed))
+
+
+def check_close(got, expected, *, atol=1e-5, rtol=1e-5, axes=None, what="result", hint=None):
+    """``assert_close_explained`` plus a type check, for hidden checks."""
+    from source_kernels.testing import assert_close_explained
+
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
+    assert_close_explained(got, expected, atol=atol, rtol=rtol, axes=axes, what=what, hint=hint)
+
+
+class _LaunchCounter:
+    def __init__(self):
+        self.count = 0
+        self.kernels = []
+
+
+@contextlib.contextmanager
+def count_kernel_launches():
+    """Count Triton kernel launches (``kernel[grid](...)``) while the block runs, compiled or
+    interpreted.  Yields an object whose ``count`` and ``kernels`` (names) grow."""
+    if recording.replaying():              # the grader counts what the kernel recorded
+        with recording.replay_launches(_LaunchCounter()) as counter:
+            yield counter
+        return
+    counter = _LaunchCounter()
+    classes = []
+    try:
+        from triton.runtime.jit import JITFunction
+        classes.append(JITFunction)
+    except ImportError:                      # pragma: no cover
+        pass
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        classes.append(InterpretedFunction)
+    except ImportError:                      # pragma: no cover
+        pass
+    originals = []
+    for cls in classes:
+        original = cls.__dict__.get("run")
+        if original is None:
+            continue
+
+        def run(self, *args, __original=original, **kwargs):
+            if not kwargs.get("warmup", False):
+                counter.count += 1
+                counter.kernels.append(getattr(getattr(self, "fn", None), "__name__", "?"))
+            return __original(self, *args, **kwargs)
+
+        originals.append((cls, original))
+        cls.run = run
+    try:
+        yield counter
+    finally:
+        for cls, original in originals:
+            cls.run = original
+
+
+def requires_gpu(check):
+    """Mark a hidden check as GPU-only: without a CUDA GPU it prints a note and returns; the
+    grader reports its cell "not gradable here" on a CPU host instead of scoring it."""
+    import functools
+
+    @functools.wraps(check)
+    def gpu_only(*args, **kwargs):
+        if not torch.cuda.is_available():
+            print(f"{check.__name__}: needs a CUDA GPU, not checked on this machine")
+            return None
+        return check(*args, **kwargs)
+
+    gpu_only.requires_gpu = True
+    return gpu_only

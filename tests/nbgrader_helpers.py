@@ -1,0 +1,342 @@
+"""Shared utilities for the tests of the nbgrader labs (assignments/labNN_*).
+
+Every lab test does the same four things in a throw-away copy of the course directory, so
+that the repository never gets a gradebook, release/ or autograded/ folder:
+
+1. ``nbgrader generate_assignment`` (``generate_release`` / ``generate_releases``);
+2. execute the source notebook and the untouched release top to bottom
+   (``execute_notebook`` / ``execute_notebooks``, nbclient with the python3 kernel);
+3. ``nbgrader autograde`` the source notebook and the untouched release as two students'
+   submissions and read the scores from the gradebook (``autograde_scores`` /
+   ``autograde_many``);
+4. inspect cells: which graded test cells raised (``cell_errors``), whether a release leaks
+   solution or hidden-test lines (``leaked_lines``).
+
+``run_labs`` does all of it for several labs at once: one generate call, one autograde call
+(run while the notebooks execute, so two cores are both busy).
+"""
+from __future__ import annotations
+
+import concurrent.futures as _futures
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ASSIGNMENTS = REPO_ROOT / "assignments"
+VENV_BIN = Path(sys.executable).parent          # the interpreter running the tests
+SOLUTION_STUDENT = "solution"                   # submits the source notebook
+UNTOUCHED_STUDENT = "untouched"                 # submits the release as handed out
+
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+
+# ---------------------------------------------------------------------------- environment
+def nbgrader_env() -> dict:
+    """The environment for nbgrader subprocesses: the venv's bin first on PATH (nbgrader
+    runs the ``alembic`` executable when it creates the gradebook)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("MPLBACKEND", "Agg")
+    return env
+
+
+def source_notebook(lab: str) -> Path:
+    """assignments/<lab>/<lab>.ipynb in the repository."""
+    return ASSIGNMENTS / lab / f"{lab}.ipynb"
+
+
+# ---------------------------------------------------------------------------- course dir
+def make_course(course_dir, labs) -> Path:
+    """Copy nbgrader_config.py and assignments/<lab> for each lab into ``course_dir``.
+
+    The repository's config sets ``CourseDirectory.root`` to the folder the config file sits
+    in, so the copy makes ``course_dir`` the course root; a config line pinning the root is
+    appended anyway so that this stays true if the config changes."""
+    course_dir = Path(course_dir)
+    course_dir.mkdir(parents=True, exist_ok=True)
+    config = (REPO_ROOT / "nbgrader_config.py").read_text()
+    config += f"\n# added by tests/nbgrader_helpers.py\nc.CourseDirectory.root = {str(course_dir)!r}\n"
+    (course_dir / "nbgrader_config.py").write_text(config)
+    for lab in ([labs] if isinstance(labs, str) else labs):
+        target = course_dir / "assignments" / lab
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(ASSIGNMENTS / lab, target,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    return course_dir
+
+
+def run_nbgrader(course_dir, *args, timeout=600) -> subprocess.CompletedProcess:
+    """Run ``nbgrader <args>`` in ``course_dir``; raise with the log tail when it fails."""
+    command = [str(VENV_BIN / "nbgrader"), *map(str, args)]
+    proc = subprocess.run(command, cwd=course_dir, env=nbgrader_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0 or "[ERROR]" in log or "| ERROR]" in log:
+        raise RuntimeError(f"`nbgrader {' '.join(map(str, args))}` failed "
+                           f"(exit {proc.returncode}):\n{log[-6000:]}")
+    return proc
+
+
+def release_path(course_dir, lab: str) -> Path:
+    return Path(course_dir) / "release" / lab / f"{lab}.ipynb"
+
+
+def generate_releases(labs, course_dir) -> dict:
+    """Copy the labs into ``course_dir`` (if not there yet) and generate all their releases
+    with one ``nbgrader generate_assignment`` call; returns {lab: released notebook path}."""
+    labs = [labs] if isinstance(labs, str) else list(labs)
+    course_dir = Path(course_dir)
+    missing = [lab for lab in labs if not (course_dir / "assignments" / lab).exists()]
+    if missing or not (course_dir / "nbgrader_config.py").exists():
+        make_course(course_dir, missing)
+    pattern = labs[0] if len(labs) == 1 else "*"
+    run_nbgrader(course_dir, "generate_assignment", pattern, "--force")
+    paths = {lab: release_path(course_dir, lab) for lab in labs}
+    for lab, path in paths.items():
+        if not path.exists():
+            raise RuntimeError(f"nbgrader generate_assignment wrote no {path}")
+    return paths
+
+
+def generate_release(lab: str, course_dir) -> Path:
+    """Generate one lab's release in ``course_dir``; returns the released notebook path."""
+    return generate_releases([lab], course_dir)[lab]
+
+
+# ---------------------------------------------------------------------------- execution
+def execute_notebook(path, timeout=120, *, kernel_name="python3", save_to=None):
+    """Execute a notebook top to bottom with nbclient, going on past errors, in the
+    notebook's own folder.  Returns the executed notebook (nbformat node); its error
+    outputs are read with ``cell_errors``.  ``timeout`` is per cell, in seconds."""
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    env_backend = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    try:
+        client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
+                                allow_errors=True,
+                                resources={"metadata": {"path": str(path.parent)}})
+        client.execute()
+    finally:
+        if env_backend is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = env_backend
+    if save_to is not None:
+        nbformat.write(nb, save_to)
+    return nb
+
+
+def _execute_to_file(args):
+    path, timeout, out = args
+    start = time.perf_counter()
+    execute_notebook(path, timeout, save_to=out)
+    return time.perf_counter() - start
+
+
+def execute_notebooks(paths, timeout=120, workers=1) -> dict:
+    """Execute several notebooks, ``workers`` at a time, each in its own process.
+    Returns {path: (executed notebook, seconds)}."""
+    paths = [Path(p) for p in paths]
+    jobs = [(p, timeout, p.with_name(p.stem + ".executed.ipynb")) for p in paths]
+    results = {}
+    # spawn, not fork: run_labs calls this while another thread runs nbgrader
+    context = multiprocessing.get_context("spawn")
+    with _futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        for (path, _, out), seconds in zip(jobs, pool.map(_execute_to_file, jobs)):
+            results[path] = (nbformat.read(out, as_version=4), seconds)
+            out.unlink()
+    return results
+
+
+# ---------------------------------------------------------------------------- cells
+def nbgrader_meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def graded_test_cells(nb) -> list:
+    """Code cells that carry points (nbgrader ``grade: true`` and not ``solution``)."""
+    return [c for c in nb.cells if c.cell_type == "code" and nbgrader_meta(c).get("grade")
+            and not nbgrader_meta(c).get("solution")]
+
+
+def cell_errors(nb) -> dict:
+    """{grade_id or 'cell <index>': 'ename: evalue'} for every code cell that raised."""
+    errors = {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                name = nbgrader_meta(cell).get("grade_id") or f"cell {index}"
+                errors[name] = f"{output.get('ename')}: {output.get('evalue')}"
+    return errors
+
+
+def stderr_cells(nb) -> dict:
+    """{grade_id or 'cell <index>': text} for code cells that wrote to stderr (nbgrader gives
+    a test cell with stderr output zero points)."""
+    found = {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        text = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                       if o.get("output_type") == "stream" and o.get("name") == "stderr")
+        if text:
+            found[nbgrader_meta(cell).get("grade_id") or f"cell {index}"] = text
+    return found
+
+
+def _regions(source: str, begin: str, end: str) -> list:
+    lines, inside, out = source.splitlines(), False, []
+    for line in lines:
+        if line.strip() == begin:
+            inside = True
+        elif line.strip() == end:
+            inside = False
+        elif inside and line.strip():
+            out.append(line.strip())
+    return out
+
+
+def _public_lines(source: str) -> set:
+    """Stripped lines of a cell outside its solution and hidden-test regions."""
+    public, inside = set(), False
+    for line in source.splitlines():
+        if line.strip() in (BEGIN_SOLUTION, BEGIN_HIDDEN):
+            inside = True
+        elif line.strip() in (END_SOLUTION, END_HIDDEN):
+            inside = False
+        elif not inside:
+            public.add(line.strip())
+    return public
+
+
+def leaked_lines(source_nb, release_nb) -> list:
+    """Lines of solution regions and hidden-test regions of the source notebook (and the
+    region markers themselves) that appear in the release.  A line that the source notebook
+    also shows outside those regions (say ``for m in range(M):`` in a figure cell) and
+    trivial lines (a bare ``return``) are not counted."""
+    release_text = "\n".join(c.source for c in release_nb.cells)
+    release_lines = {line.strip() for line in release_text.splitlines()}
+    leaks = [m for m in (BEGIN_SOLUTION, END_SOLUTION, BEGIN_HIDDEN, END_HIDDEN)
+             if m in release_text]
+    public = set()
+    for cell in source_nb.cells:
+        public |= _public_lines(cell.source)
+    for cell in source_nb.cells:
+        secret = _regions(cell.source, BEGIN_SOLUTION, END_SOLUTION)
+        secret += _regions(cell.source, BEGIN_HIDDEN, END_HIDDEN)
+        leaks += [s for s in secret if s in release_lines and s not in public and len(s) > 12]
+    return leaks
+
+
+# ---------------------------------------------------------------------------- autograde
+def submit(course_dir, lab: str, student: str, notebook_path) -> Path:
+    """Place ``notebook_path`` as ``student``'s submission of ``lab``."""
+    target = Path(course_dir) / "submitted" / student / lab / f"{lab}.ipynb"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(notebook_path, target)
+    return target
+
+
+def read_scores(course_dir, lab: str, student: str) -> dict:
+    """Scores from the gradebook: {'total': (score, max), grade_id: (score, max), ...}."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{Path(course_dir) / 'gradebook.db'}") as gradebook:
+        notebook = gradebook.find_submission_notebook(lab, lab, student)
+        scores = {"total": (float(notebook.score), float(notebook.max_score))}
+        for grade in notebook.grades:
+            scores[grade.name] = (float(grade.score), float(grade.max_score))
+    return scores
+
+
+def autograded_path(course_dir, lab: str, student: str) -> Path:
+    return Path(course_dir) / "autograded" / student / lab / f"{lab}.ipynb"
+
+
+def autograde_many(course_dir, submissions: dict) -> dict:
+    """``submissions``: {(lab, student): notebook path}.  Submits them all, runs one
+    ``nbgrader autograde`` over every lab, and returns {(lab, student): scores}."""
+    labs = sorted({lab for lab, _ in submissions})
+    for (lab, student), path in submissions.items():
+        submit(course_dir, lab, student, path)
+    pattern = labs[0] if len(labs) == 1 else "*"
+    run_nbgrader(course_dir, "autograde", pattern, "--force")
+    return {key: read_scores(course_dir, *key) for key in submissions}
+
+
+def autograde_scores(lab: str, notebook_path, course_dir, student=SOLUTION_STUDENT) -> dict:
+    """Autograde ``notebook_path`` as ``student``'s submission of ``lab`` (its release must
+    have been generated in ``course_dir``); returns ``read_scores``'s dict."""
+    return autograde_many(course_dir, {(lab, student): notebook_path})[(lab, student)]
+
+
+# ---------------------------------------------------------------------------- all at once
+@dataclass
+class LabRuns:
+    """Everything the lab tests look at, for several labs."""
+    course_dir: Path
+    releases: dict = field(default_factory=dict)           # lab -> release path
+    source_runs: dict = field(default_factory=dict)        # lab -> executed source nb
+    release_runs: dict = field(default_factory=dict)       # lab -> executed release nb
+    seconds: dict = field(default_factory=dict)            # (lab, 'source'|'release') -> s
+    scores: dict = field(default_factory=dict)             # (lab, student) -> scores
+    autograde_seconds: float = 0.0
+    generate_seconds: float = 0.0
+
+
+def run_labs(labs, course_dir, *, timeout=120, exec_workers=1) -> LabRuns:
+    """Generate the releases of ``labs`` in ``course_dir``, then, at the same time:
+    autograde the source notebook (student ``solution``) and the untouched release
+    (student ``untouched``) in one nbgrader call, and execute the source notebooks and the
+    releases with nbclient, ``exec_workers`` at a time."""
+    labs = list(labs)
+    course_dir = make_course(course_dir, labs)
+    runs = LabRuns(course_dir=course_dir)
+    start = time.perf_counter()
+    runs.releases = generate_releases(labs, course_dir)
+    runs.generate_seconds = time.perf_counter() - start
+
+    # private copies to execute, so that nbclient's outputs never land in assignments/
+    exec_dir = course_dir / "executed"
+    to_run = {}
+    for lab in labs:
+        for kind, path in (("source", course_dir / "assignments" / lab / f"{lab}.ipynb"),
+                           ("release", runs.releases[lab])):
+            target = exec_dir / kind / lab
+            shutil.copytree(path.parent, target, dirs_exist_ok=True)
+            to_run[(lab, kind)] = target / f"{lab}.ipynb"
+    submissions = {}
+    for lab in labs:
+        submissions[(lab, SOLUTION_STUDENT)] = course_dir / "assignments" / lab / f"{lab}.ipynb"
+        submissions[(lab, UNTOUCHED_STUDENT)] = runs.releases[lab]
+
+    def grade():
+        t0 = time.perf_counter()
+        scores = autograde_many(course_dir, submissions)
+        return scores, time.perf_counter() - t0
+
+    with _futures.ThreadPoolExecutor(max_workers=1) as pool:
+        graded = pool.submit(grade)
+        executed = execute_notebooks(list(to_run.values()), timeout=timeout,
+                                     workers=exec_workers)
+        runs.scores, runs.autograde_seconds = graded.result()
+    for (lab, kind), path in to_run.items():
+        nb, seconds = executed[path]
+        (runs.source_runs if kind == "source" else runs.release_runs)[lab] = nb
+        runs.seconds[(lab, kind)] = seconds
+    return runs
