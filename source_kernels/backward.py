@@ -43,8 +43,8 @@ BWD_NUM_WARPS = 4
 # The operator's plan per regime and element size (see forward.FORWARD_PLAN): (kernel,
 # BLOCK_Q, num_warps), fixed from the same sweep.
 BACKWARD_PLAN = {
-    ("small", 2): ("tiled", 2, 4), ("small", 4): ("tiled", 2, 4),
-    ("large", 2): ("tiled", 2, 4), ("large", 4): ("tiled", 2, 4),
+    ("small", 2): ("loop", 32, 4), ("small", 4): ("tiled", 4, 8),
+    ("large", 2): ("tiled", 1, 1), ("large", 4): ("tiled", 1, 2),
 }
 
 

@@ -37,6 +37,10 @@ ARG_NAMES = ("value", "value_spatial_shapes", "value_level_start_index", "sampli
              "attention_weights")
 
 
+# Measurement effort; --fast lowers it (fewer repetitions, same method).
+FAST = {"do_bench": {}, "profile_reps": 20, "dispatch_batches": 7}
+
+
 def provenance(argv) -> dict:
     import triton
     try:
@@ -151,7 +155,7 @@ def _graph_us(fn, flush):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    ms = triton.testing.do_bench(graph.replay, return_mode="median")
+    ms = triton.testing.do_bench(graph.replay, return_mode="median", **FAST["do_bench"])
     del graph
     return ms * 1e3
 
@@ -222,15 +226,15 @@ def measure(preset, distribution, dtype_name, impl, bandwidth, progress):
         fn()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
-        kernel_ms = triton.testing.do_bench(fn, return_mode="median",
-                                            grad_to_none=None)
+        kernel_ms = triton.testing.do_bench(fn, return_mode="median", **FAST["do_bench"])
         row = {
             "preset": preset, "distribution": distribution, "dtype": dtype_name,
             "impl": impl, "direction": direction,
             "kernel_us": kernel_ms * 1e3,
-            "graph_us": _try(_graph_us, fn, flush_buffer.zero_),
-            "device_us": _profiled_device_us(fn, flush_buffer.zero_),
-            "dispatch_us": _dispatch_us(fn) if direction == "forward" else None,
+            "graph_us": _try(_graph_us, fn, flush_buffer.zero_) if impl == "triton" else None,
+            "device_us": _profiled_device_us(fn, flush_buffer.zero_, FAST["profile_reps"]),
+            "dispatch_us": _dispatch_us(fn, batches=FAST["dispatch_batches"])
+            if direction == "forward" else None,
             "peak_mem_bytes": peak,
             "peak_over_base_bytes": peak - base,
             "io_bytes": traffic["io_bytes"],
@@ -334,6 +338,33 @@ def apply_plan(plan):
             table[(regime, int(size))] = tuple(value)
 
 
+def write_plan(results_path):
+    """Rewrite FORWARD_PLAN / BACKWARD_PLAN in forward.py and backward.py with the plan a
+    benchmark run chose (its "plan" entry), so the shipped code is the measured code."""
+    import re
+    with open(results_path) as handle:
+        plan = json.load(handle)["plan"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    for direction, filename, name in (("forward", "forward.py", "FORWARD_PLAN"),
+                                      ("backward", "backward.py", "BACKWARD_PLAN")):
+        path = os.path.join(here, filename)
+        with open(path) as handle:
+            source = handle.read()
+        entries = []
+        for key in ("small,2", "small,4", "large,2", "large,4"):
+            regime, size = key.split(",")
+            kernel, block_q, warps = plan[direction][key]
+            entries.append(f'("{regime}", {size}): ("{kernel}", {block_q}, {warps})')
+        literal = (f"{name} = {{\n    {entries[0]}, {entries[1]},\n    {entries[2]}, "
+                   f"{entries[3]},\n}}")
+        source, count = re.subn(name + r" = \{[^}]*\}", literal, source, count=1)
+        if count != 1:
+            raise RuntimeError(f"{name} not found in {path}")
+        with open(path, "w") as handle:
+            handle.write(source)
+        print(f"{path}: {literal}")
+
+
 def dispatch_breakdown(progress):
     """Host time of the pieces of one eager forward call on the decoder preset (bf16)."""
     from . import multi_scale_deformable_attn
@@ -366,10 +397,20 @@ def main(argv=None) -> int:
     parser.add_argument("--impls", nargs="+", default=["triton", "grid_sample"])
     parser.add_argument("--sweep", action="store_true", help="add the launch-config sweeps")
     parser.add_argument("--no-bench", action="store_true", help="only the sweeps")
+    parser.add_argument("--fast", action="store_true",
+                        help="fewer repetitions per figure (same method): for a short GPU lease")
+    parser.add_argument("--write-plan", metavar="RESULTS_JSON",
+                        help="write the plan of a results file into the kernel modules, exit")
     parser.add_argument("--sweep-presets", nargs="+", default=["decoder", "encoder"])
     parser.add_argument("--sweep-dtypes", nargs="+", default=["bf16", "fp32"])
     parser.add_argument("--sweep-distributions", nargs="+", default=["uniform"])
     args = parser.parse_args(argv)
+    if args.write_plan:
+        write_plan(args.write_plan)
+        return 0
+    if args.fast:
+        FAST.update({"do_bench": {"warmup": 10, "rep": 40}, "profile_reps": 5,
+                     "dispatch_batches": 3})
     if not torch.cuda.is_available():
         print("source_kernels.bench needs a CUDA GPU; none is visible.", file=sys.stderr)
         return 2

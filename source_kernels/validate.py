@@ -93,7 +93,7 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
         if other is not device and other != device:
             raise ValueError(f"{name} is on {other} but value is on {device}: "
                              "all inputs must be on one device")
-    if im2col_step.__class__ is not int or im2col_step <= 0:
+    if isinstance(im2col_step, bool) or not isinstance(im2col_step, int) or im2col_step <= 0:
         raise ValueError(f"im2col_step must be a positive int, got {im2col_step!r}")
 
     value_shape = value.shape

@@ -148,7 +148,9 @@ def test_gradcheck_fp64():
 
     leaves = tuple(args[k].detach().requires_grad_() for k in
                    ("value", "sampling_locations", "attention_weights"))
-    assert torch.autograd.gradcheck(op, leaves, eps=1e-6, atol=1e-7, fast_mode=True)
+    # On a GPU the atomics add grad_value in a different order each run: allow that much.
+    assert torch.autograd.gradcheck(op, leaves, eps=1e-6, atol=1e-7, fast_mode=True,
+                                    nondet_tol=1e-12 if DEVICE == "cuda" else 0.0)
 
 
 def test_mmcv_signature_and_im2col_step_that_does_not_divide_batch():

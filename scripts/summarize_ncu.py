@@ -1,0 +1,74 @@
+"""Turn the Nsight Compute CSV of scripts/gpu/ncu_cases.py into results/ncu_h200.json.
+
+    python scripts/summarize_ncu.py results/ncu_h200.csv results/ncu_h200.json
+
+ncu_cases.py launches, per case, one forward kernel then one backward kernel; the CSV holds
+one row per (kernel launch, metric).  The summary names each launch by its case and says
+which unit is busiest relative to its peak: DRAM, L2 (lts), L1/texture, or the SMs.
+"""
+import csv
+import io
+import json
+import sys
+
+sys.path.insert(0, "scripts/gpu")
+
+UNITS = {
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM bandwidth",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2 throughput",
+    "l1tex__throughput.avg.pct_of_peak_sustained_elapsed": "L1/texture throughput",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM issue/compute throughput",
+}
+
+
+def cases():
+    import ast
+    import pathlib
+    source = pathlib.Path("scripts/gpu/ncu_cases.py").read_text()
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CASES":
+            return [(elt.elts[0].value, elt.elts[1].value, elt.elts[2].attr)
+                    for elt in node.value.elts]
+    raise RuntimeError("CASES not found in ncu_cases.py")
+
+
+def main(csv_path, json_path):
+    with open(csv_path) as handle:
+        lines = handle.read().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[header:]))))
+    launches = {}
+    for row in rows:
+        launch = launches.setdefault(int(row["ID"]), {"kernel": row["Kernel Name"],
+                                                      "grid": row["Grid Size"],
+                                                      "block": row["Block Size"],
+                                                      "metrics": {}})
+        value = row["Metric Value"].replace(",", "")
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+        launch["metrics"][row["Metric Name"]] = {"value": value, "unit": row["Metric Unit"]}
+    names = []
+    for preset, distribution, dtype in cases():
+        for direction in ("forward", "backward"):
+            names.append(f"{preset} {distribution} {dtype} {direction}")
+    summary = []
+    for (launch_id, launch), name in zip(sorted(launches.items()), names):
+        metrics = launch["metrics"]
+        busiest = max(UNITS, key=lambda m: metrics.get(m, {}).get("value", -1))
+        summary.append({"case": name, "launch": launch_id, **launch,
+                        "busiest_unit": UNITS[busiest],
+                        "busiest_pct_of_peak": metrics.get(busiest, {}).get("value")})
+    with open(json_path, "w") as handle:
+        json.dump({"source": csv_path, "command": "ncu --clock-control none --csv -k "
+                   "regex:_msda --metrics ... python3 scripts/gpu/ncu_cases.py "
+                   "(scripts/gpu/run_all.sh)", "launches": summary}, handle, indent=1)
+    for item in summary:
+        print(f"{item['case']:<40} {item['kernel'][:32]:<32} busiest: {item['busiest_unit']} "
+              f"{item['busiest_pct_of_peak']}%")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
