@@ -1,0 +1,86 @@
+"""Shared by the scripts in scripts/gpu/: where a measurement was made, and where it goes.
+
+Every results file written by these scripts starts with a ``provenance`` block (GPU, driver,
+CUDA, torch, triton, Python, date, command, repository commit) so that a number in the book
+can always be traced to the machine and the code that produced it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def repo_on_path() -> None:
+    """Make ``import source_kernels`` work when a script runs as scripts/gpu/<name>.py."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+
+
+def _run(cmd) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
+def provenance(script: str) -> dict:
+    """The machine, the software and the command, as a JSON-ready dict."""
+    import torch
+    import triton
+
+    device = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(device)
+    driver = _run(["nvidia-smi", f"--id={device}", "--query-gpu=driver_version",
+                   "--format=csv,noheader"])
+    commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    dirty = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    return {
+        "gpu": torch.cuda.get_device_name(device),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "gpu_memory_bytes": int(props.total_memory),
+        "sm_count": int(props.multi_processor_count),
+        "driver": driver,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join(["python3", f"scripts/gpu/{script}", *sys.argv[1:]]),
+        "repository_commit": commit,
+        "uncommitted_changes_to_tracked_files": bool(dirty),
+    }
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'h200'; the results files of the course are named after the GPU."""
+    if "H200" in name.upper():
+        return "h200"
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-")
+    return slug or "gpu"
+
+
+def require_gpu(script: str) -> None:
+    """Exit with a clear message (status 2) on a machine without a CUDA GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.stderr.write(f"{script} measures a CUDA GPU and this machine has none: run it on a "
+                         "GPU host (everything else in the course runs on a CPU).\n")
+        raise SystemExit(2)
+
+
+def write_results(outdir: str, stem: str, payload: dict) -> Path:
+    """Write ``<outdir>/<stem>_<gpu>.json`` and return its path."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}_{gpu_slug(payload['provenance']['gpu'])}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path

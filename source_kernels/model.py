@@ -1,0 +1,341 @@
+"""The operator inside a model: a Deformable-DETR-style attention module and a small encoder.
+
+``MSDeformAttn`` is multi-scale deformable attention as Zhu et al. describe it (Deformable
+DETR, ICLR 2021, eq. 3 and section 4.1): for each query, a linear head on the query predicts
+M x L x K sampling offsets and another one M x L x K attention weights (softmax over the L*K
+samples of a head); the values are a linear projection of the flattened multi-scale feature
+maps, split into M heads; the sampled, weighted values of all heads are concatenated and
+projected back to ``d_model``.
+
+Compatibility is the point of this module: its parameter names, shapes and initialisation
+follow the ``MSDeformAttn`` module that the Deformable DETR release and the code bases built
+on it (DINO, Mask2Former's pixel decoder) use, so a checkpoint of theirs loads with
+``load_state_dict`` and the module can replace theirs line for line.  The conventions:
+
+- parameters ``sampling_offsets`` (Linear d_model -> M*L*K*2), ``attention_weights``
+  (Linear d_model -> M*L*K), ``value_proj`` and ``output_proj`` (Linear d_model -> d_model);
+  the offsets are laid out (M, L, K, 2), the weights (M, L*K) before the softmax;
+- initialisation: ``sampling_offsets`` has a zero weight and a bias that starts head m's
+  points on the ray at angle 2*pi*m/M, the direction scaled so that its larger coordinate
+  is 1 and the k-th point (k = 0..K-1) placed k+1 pixels out, the same on every level;
+  ``attention_weights`` starts at zero (uniform attention after the softmax);
+  ``value_proj`` and ``output_proj`` get Xavier-uniform weights and zero biases;
+- ``forward(query, reference_points, input_flatten, input_spatial_shapes,
+  input_level_start_index, input_padding_mask=None)``; reference points either (x, y) in
+  [0, 1] (last dim 2: offsets are in pixels of each level) or boxes (cx, cy, w, h) (last
+  dim 4: offsets are in units of half the box size divided by K);
+- a padding mask (True = padded pixel) zeroes the projected values of padded pixels.
+
+The sampling core is pluggable: ``core="triton"`` (default) runs the course's Triton
+operator, ``core="grid_sample"`` the PyTorch reference
+(:func:`source_kernels.reference.msda_grid_sample`), and a callable with the operator's
+signature is taken as is.  Same weights, same inputs, either core: that is how the tests
+compare them.
+
+``DeformableEncoderLayer`` / ``DeformableEncoder`` are the encoder of the same paper (one
+MSDeformAttn self-attention over all pyramid pixels plus a feed-forward block per layer,
+post-norm), small enough to train on a CPU through Triton's interpreter.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .op import multi_scale_deformable_attn
+from .reference import msda_grid_sample
+
+__all__ = ["CORES", "resolve_core", "use_core", "MSDeformAttn", "DeformableEncoderLayer",
+           "DeformableEncoder", "encoder_reference_points", "sine_position_embedding"]
+
+
+# ----------------------------------------------------------------------------- the cores
+def _triton_core(value, spatial_shapes, level_start_index, sampling_locations,
+                 attention_weights, im2col_step):
+    return multi_scale_deformable_attn(value, spatial_shapes, level_start_index,
+                                       sampling_locations, attention_weights, im2col_step)
+
+
+def _grid_sample_core(value, spatial_shapes, level_start_index, sampling_locations,
+                      attention_weights, im2col_step):
+    return msda_grid_sample(value, spatial_shapes, level_start_index, sampling_locations,
+                            attention_weights)
+
+
+#: name -> function(value, spatial_shapes, level_start_index, sampling_locations,
+#: attention_weights, im2col_step) -> (B, Q, M*D)
+CORES: dict[str, Callable] = {"triton": _triton_core, "grid_sample": _grid_sample_core}
+
+CoreArg = Union[str, Callable]
+
+
+def resolve_core(core: CoreArg) -> tuple[str, Callable]:
+    """(name, function) for a core given by name ("triton", "grid_sample") or as a callable
+    with the operator's signature (six arguments, the last ``im2col_step``)."""
+    if callable(core):
+        return getattr(core, "__name__", "custom"), core
+    if core not in CORES:
+        raise ValueError(f"core must be one of {sorted(CORES)} or a callable, got {core!r}")
+    return core, CORES[core]
+
+
+def use_core(model: nn.Module, core: CoreArg) -> nn.Module:
+    """Switch every ``MSDeformAttn`` inside ``model`` to ``core``; returns ``model``."""
+    for module in model.modules():
+        if isinstance(module, MSDeformAttn):
+            module.core = core
+    return model
+
+
+# ----------------------------------------------------------------------------- the module
+class MSDeformAttn(nn.Module):
+    """Multi-scale deformable attention with Deformable DETR's parameters and initialisation.
+
+    Args:
+        d_model: channels C of queries and values (default 256).
+        n_levels: pyramid levels L (default 4).
+        n_heads: attention heads M; ``d_model`` must be divisible by it (default 8).
+        n_points: sampling points K per head and level (default 4).
+        core: "triton" (default), "grid_sample", or a callable with the operator's signature.
+        im2col_step: passed to the core for mmcv compatibility (the Triton op checks it but
+            needs no batch divisibility).
+    """
+
+    def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8,
+                 n_points: int = 4, *, core: CoreArg = "triton", im2col_step: int = 64):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.d_model = d_model
+        self.n_levels = n_levels
+        self.n_heads = n_heads
+        self.n_points = n_points
+        self.im2col_step = im2col_step
+        self.core = core
+
+        samples = n_heads * n_levels * n_points
+        self.sampling_offsets = nn.Linear(d_model, samples * 2)
+        self.attention_weights = nn.Linear(d_model, samples)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.output_proj = nn.Linear(d_model, d_model)
+        self._reset_parameters()
+
+    # The core is a plain attribute, never part of the state dict: a checkpoint does not
+    # say which kernel computed it.
+    @property
+    def core(self) -> str:
+        return self._core_name
+
+    @core.setter
+    def core(self, core: CoreArg) -> None:
+        self._core_name, self._core_fn = resolve_core(core)
+
+    def initial_offset_grid(self) -> torch.Tensor:
+        """The (M, L, K, 2) pixel offsets the sampling-offset bias starts from.
+
+        Head m looks along the direction (cos, sin) of 2*pi*m/M, rescaled so that its larger
+        coordinate has magnitude 1 (the point lands on the square ring of pixels around the
+        reference); point k sits k+1 times that far out; all levels start alike.
+        """
+        angle = torch.arange(self.n_heads, dtype=torch.float64) * (2 * math.pi / self.n_heads)
+        direction = torch.stack([angle.cos(), angle.sin()], dim=-1)           # (M, 2)
+        direction = direction / direction.abs().amax(dim=-1, keepdim=True)
+        distance = torch.arange(1, self.n_points + 1, dtype=torch.float64)   # (K,)
+        grid = direction[:, None, None, :] * distance[None, None, :, None]   # (M, 1, K, 2)
+        return grid.expand(self.n_heads, self.n_levels, self.n_points, 2).float()
+
+    def _reset_parameters(self) -> None:
+        with torch.no_grad():
+            nn.init.zeros_(self.sampling_offsets.weight)
+            self.sampling_offsets.bias.copy_(self.initial_offset_grid().reshape(-1))
+            nn.init.zeros_(self.attention_weights.weight)
+            nn.init.zeros_(self.attention_weights.bias)
+            for linear in (self.value_proj, self.output_proj):
+                nn.init.xavier_uniform_(linear.weight)
+                nn.init.zeros_(linear.bias)
+
+    def sampling(self, query: torch.Tensor, reference_points: torch.Tensor,
+                 input_spatial_shapes: torch.Tensor):
+        """The two query heads: (sampling_locations (B, Q, M, L, K, 2) normalised to [0, 1],
+        attention_weights (B, Q, M, L, K), softmaxed over L*K per head)."""
+        batch, queries, _ = query.shape
+        heads, levels, points = self.n_heads, self.n_levels, self.n_points
+        offsets = self.sampling_offsets(query).view(batch, queries, heads, levels, points, 2)
+        weights = self.attention_weights(query).view(batch, queries, heads, levels * points)
+        weights = weights.softmax(-1).view(batch, queries, heads, levels, points)
+        if reference_points.shape[-1] == 2:
+            # offsets in pixels of each level: divide by (W_l, H_l)
+            size_xy = input_spatial_shapes.flip(-1).to(offsets.dtype)        # (L, 2) as (W, H)
+            locations = (reference_points[:, :, None, :, None, :]
+                         + offsets / size_xy[None, None, None, :, None, :])
+        elif reference_points.shape[-1] == 4:
+            # boxes (cx, cy, w, h): offsets in units of half the box over K points
+            centre = reference_points[:, :, None, :, None, :2]
+            half_size = reference_points[:, :, None, :, None, 2:] * 0.5
+            locations = centre + offsets / points * half_size
+        else:
+            raise ValueError("reference_points must end in 2 (x, y) or 4 (cx, cy, w, h), got "
+                             f"shape {tuple(reference_points.shape)}")
+        return locations, weights
+
+    def forward(self, query: torch.Tensor, reference_points: torch.Tensor,
+                input_flatten: torch.Tensor, input_spatial_shapes: torch.Tensor,
+                input_level_start_index: torch.Tensor,
+                input_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Attend from queries to a flattened feature pyramid.
+
+        Args:
+            query: (B, Q, C) query features (position embedding already added).
+            reference_points: (B, Q, L, 2) points (x, y) in [0, 1], or (B, Q, L, 4) boxes
+                (cx, cy, w, h), one per query and level.
+            input_flatten: (B, S, C) the pyramid's pixels, level after level, row-major,
+                S = sum over levels of H_l * W_l.
+            input_spatial_shapes: (L, 2) integer (H_l, W_l).
+            input_level_start_index: (L,) integer offset of each level inside S.
+            input_padding_mask: optional (B, S) bool, True where a pixel is padding.
+        Returns:
+            (B, Q, C).
+        """
+        batch, queries, channels = query.shape
+        _, total, _ = input_flatten.shape
+        if channels != self.d_model or input_flatten.shape[-1] != self.d_model:
+            raise ValueError(f"query and input_flatten must have {self.d_model} channels, got "
+                             f"{tuple(query.shape)} and {tuple(input_flatten.shape)}")
+        if input_spatial_shapes.shape[0] != self.n_levels:
+            raise ValueError(f"input_spatial_shapes has {input_spatial_shapes.shape[0]} "
+                             f"levels; this module was built for n_levels={self.n_levels}")
+        value = self.value_proj(input_flatten)
+        if input_padding_mask is not None:
+            value = value.masked_fill(input_padding_mask[..., None], 0.0)
+        value = value.view(batch, total, self.n_heads, self.d_model // self.n_heads)
+        locations, weights = self.sampling(query, reference_points, input_spatial_shapes)
+        # The operator takes one floating dtype; use the widest of the three.  Under
+        # autocast the projections come out in bf16/fp16 while the locations, built on fp32
+        # reference points, stay fp32, and they must: bf16 keeps 8 significant bits, so near
+        # x = 1 rounding would move a sample by up to 2**-9 * W pixels, a third of a pixel on
+        # a level 167 pixels wide.  The result goes back to the values' dtype.
+        dtype = torch.promote_types(torch.promote_types(value.dtype, locations.dtype),
+                                    weights.dtype)
+        output = self._core_fn(value.to(dtype), input_spatial_shapes, input_level_start_index,
+                               locations.to(dtype), weights.to(dtype), self.im2col_step)
+        return self.output_proj(output.to(value.dtype))
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, "
+                f"n_points={self.n_points}, core={self.core!r}")
+
+
+# ----------------------------------------------------------------------------- the encoder
+def encoder_reference_points(spatial_shapes: torch.Tensor,
+                             valid_ratios: torch.Tensor) -> torch.Tensor:
+    """Reference points of the encoder: every pyramid pixel's centre, seen on every level.
+
+    spatial_shapes: (L, 2) integer (H_l, W_l); valid_ratios: (B, L, 2) float, the (x, y)
+    fraction of each level not covered by padding (all ones without padding).
+    Returns (B, S, L, 2): pixel centres normalised by the valid part of their own level,
+    then rescaled into each level's valid part.
+    """
+    centres = []
+    for lvl, (height, width) in enumerate(spatial_shapes.tolist()):
+        ys, xs = torch.meshgrid(
+            torch.arange(height, dtype=valid_ratios.dtype, device=valid_ratios.device) + 0.5,
+            torch.arange(width, dtype=valid_ratios.dtype, device=valid_ratios.device) + 0.5,
+            indexing="ij")
+        x = xs.reshape(1, -1) / (valid_ratios[:, None, lvl, 0] * width)          # (B, HW)
+        y = ys.reshape(1, -1) / (valid_ratios[:, None, lvl, 1] * height)
+        centres.append(torch.stack([x, y], dim=-1))
+    points = torch.cat(centres, dim=1)                                           # (B, S, 2)
+    return points[:, :, None, :] * valid_ratios[:, None, :, :]
+
+
+def sine_position_embedding(points: torch.Tensor, d_model: int,
+                            temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed sine/cosine embedding of normalised (x, y) points (Vaswani et al. 2017, applied
+    per axis as DETR does): (..., 2) -> (..., d_model), half the channels for y, half for x."""
+    if d_model % 4 != 0:
+        raise ValueError(f"d_model must be divisible by 4 for a 2-D sine embedding, got "
+                         f"{d_model}")
+    per_axis = d_model // 2
+    freq = temperature ** (2 * (torch.arange(per_axis // 2, device=points.device,
+                                             dtype=points.dtype)) / per_axis)
+    scaled = points[..., None] * (2 * math.pi) / freq                # (..., 2, per_axis/2)
+    emb = torch.cat([scaled.sin(), scaled.cos()], dim=-1)            # (..., 2, per_axis)
+    return torch.cat([emb[..., 1, :], emb[..., 0, :]], dim=-1)      # y first, then x
+
+
+class DeformableEncoderLayer(nn.Module):
+    """One encoder layer: deformable self-attention, then a ReLU feed-forward block, each
+    with dropout, a residual connection and a LayerNorm after it (post-norm)."""
+
+    def __init__(self, d_model: int = 256, d_ffn: int = 1024, dropout: float = 0.1,
+                 n_levels: int = 4, n_heads: int = 8, n_points: int = 4, *,
+                 core: CoreArg = "triton"):
+        super().__init__()
+        self.self_attn = MSDeformAttn(d_model, n_levels, n_heads, n_points, core=core)
+        self.dropout1 = nn.Dropout(dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.linear1 = nn.Linear(d_model, d_ffn)
+        self.dropout2 = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(d_ffn, d_model)
+        self.dropout3 = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+
+    def forward(self, src, pos, reference_points, spatial_shapes, level_start_index,
+                padding_mask=None):
+        """src, pos: (B, S, C); reference_points (B, S, L, 2); returns (B, S, C)."""
+        query = src if pos is None else src + pos
+        attended = self.self_attn(query, reference_points, src, spatial_shapes,
+                                  level_start_index, padding_mask)
+        src = self.norm1(src + self.dropout1(attended))
+        hidden = self.linear2(self.dropout2(F.relu(self.linear1(src))))
+        return self.norm2(src + self.dropout3(hidden))
+
+
+class DeformableEncoder(nn.Module):
+    """A stack of ``DeformableEncoderLayer`` over a flattened feature pyramid, with a learned
+    embedding per level added to a fixed sine embedding of each pixel's position."""
+
+    def __init__(self, num_layers: int = 6, d_model: int = 256, d_ffn: int = 1024,
+                 dropout: float = 0.1, n_levels: int = 4, n_heads: int = 8,
+                 n_points: int = 4, *, core: CoreArg = "triton"):
+        super().__init__()
+        self.d_model = d_model
+        self.n_levels = n_levels
+        self.level_embed = nn.Parameter(torch.empty(n_levels, d_model))
+        nn.init.normal_(self.level_embed)
+        self.layers = nn.ModuleList(
+            DeformableEncoderLayer(d_model, d_ffn, dropout, n_levels, n_heads, n_points,
+                                   core=core)
+            for _ in range(num_layers))
+
+    def position_embedding(self, spatial_shapes: torch.Tensor, dtype, device) -> torch.Tensor:
+        """(S, C): sine embedding of each pixel centre plus its level's embedding."""
+        parts = []
+        for lvl, (height, width) in enumerate(spatial_shapes.tolist()):
+            ys, xs = torch.meshgrid((torch.arange(height, device=device, dtype=dtype) + 0.5)
+                                    / height,
+                                    (torch.arange(width, device=device, dtype=dtype) + 0.5)
+                                    / width, indexing="ij")
+            xy = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
+            parts.append(sine_position_embedding(xy, self.d_model)
+                         + self.level_embed[lvl].to(dtype))
+        return torch.cat(parts, dim=0)
+
+    def forward(self, src: torch.Tensor, spatial_shapes: torch.Tensor,
+                level_start_index: torch.Tensor, valid_ratios: Optional[torch.Tensor] = None,
+                padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """src (B, S, C) flattened pyramid; spatial_shapes (L, 2); level_start_index (L,);
+        valid_ratios (B, L, 2) (default: ones); padding_mask (B, S) bool.  Returns (B, S, C)."""
+        batch = src.shape[0]
+        if valid_ratios is None:
+            valid_ratios = src.new_ones(batch, self.n_levels, 2)
+        reference_points = encoder_reference_points(spatial_shapes, valid_ratios)
+        pos = self.position_embedding(spatial_shapes, src.dtype, src.device)[None]
+        out = src
+        for layer in self.layers:
+            out = layer(out, pos, reference_points, spatial_shapes, level_start_index,
+                        padding_mask)
+        return out
