@@ -26,7 +26,10 @@ from triton.runtime.jit import JITFunction
 
 from . import backward, forward, tiled
 
-__all__ = ["compile_ptx", "atomic_instructions", "atomic_summary", "main"]
+__all__ = ["compile_ptx", "atomic_instructions", "atomic_summary", "main", "TILED_DEFAULT"]
+
+# (BLOCK_Q, num_warps) at which the tiled kernels are compiled unless told otherwise.
+TILED_DEFAULT = (2, 4)
 
 _TRITON_TYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
                 torch.float64: "fp64"}
@@ -75,8 +78,7 @@ def compile_ptx(kernel: str, arch: int, dtype: torch.dtype = torch.bfloat16,
     constexprs = {"L": levels, "K": points}
     if kernel.endswith("_tiled"):
         constexprs["LK_PAD"] = triton.next_power_of_2(levels * points)
-        default_q, default_warps = (forward.FORWARD_PLAN if kernel == "forward_tiled"
-                                    else backward.BACKWARD_PLAN)[("large", 2)][1:]
+        default_q, default_warps = TILED_DEFAULT
     if kernel == "forward_tiled":
         fn = _jit(kernel_fn or tiled._msda_forward_tiled_kernel)
         signature = {"value_ptr": elem, "shapes_ptr": "*i64", "starts_ptr": "*i64",
