@@ -1,0 +1,154 @@
+"""Grading settings (``c.AutogradeSettings.*`` in ``nbgrader_config.py``) and the grading
+environment they select."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode
+from traitlets.config import Configurable
+
+from . import labs
+
+__all__ = ["AutogradeSettings", "resolve_environment", "describe"]
+
+
+class AutogradeSettings(Configurable):
+    """Everything the course's autograde pipeline reads from the configuration."""
+
+    environment = Enum(["auto", "cpu", "gpu"], "auto", help=(
+        "Where hidden tests run: 'cpu' (Triton's interpreter; the kernel sees no GPU even on a "
+        "GPU host), 'gpu' (the GPU; fails if none is visible) or 'auto' (the GPU when the "
+        "grader sees one, else the CPU).  The choice is printed in the log.")).tag(config=True)
+    sandbox = Enum(["auto", "bwrap", "none"], "auto", help=(
+        "'bwrap': bubblewrap sandbox and an unprivileged uid (needs root and bubblewrap); "
+        "'none': a plain kernel with resource limits only; 'auto': bwrap when it works here, "
+        "else none.")).tag(config=True)
+    require_sandbox = Bool(False, help=(
+        "Refuse to grade (instead of falling back to 'none') when the sandbox is unavailable."
+    )).tag(config=True)
+    kernel_uid = Int(64123, help=(
+        "Unprivileged uid of the grading kernels; parallel worker i uses kernel_uid + i, so "
+        "that the process limit counts one kernel's processes.")).tag(config=True)
+    memory_mb = Int(4096, help="Address-space limit of a grading kernel (MiB); 0: none. "
+                               "Not applied in the GPU environment (CUDA reserves far more "
+                               "virtual memory than it uses).").tag(config=True)
+    processes = Int(64, help="Processes and threads the kernel's uid may have.").tag(config=True)
+    cpu_seconds = Int(1800, help="CPU seconds a grading kernel may use in all.").tag(config=True)
+    file_mb = Int(64, help="Largest file a grading kernel may write (MiB).").tag(config=True)
+    open_files = Int(256, help="Open files per kernel process.").tag(config=True)
+    tmp_mb = Int(512, help="Size of the kernel's private /tmp, /dev/shm and working folder "
+                           "(MiB each).").tag(config=True)
+    threads = Int(0, help="Threads for torch/OpenMP in a kernel; 0: cores / parallel "
+                          "workers.").tag(config=True)
+    timeout = Int(0, help="Seconds per cell; 0: the lab's default (autograde/labs.py)."
+                  ).tag(config=True)
+    lab_timeouts = Dict(help="Seconds per cell by assignment id; overrides the default."
+                        ).tag(config=True)
+    setup_timeout = Int(300, help=(
+        "Seconds for the locked cells before the first answer cell (the lab's setup: imports "
+        "of torch and Triton can take a while on a loaded grading host).")).tag(config=True)
+    interrupt_grace = Float(5.0, help="Seconds a timed-out cell gets to stop after SIGINT "
+                                      "before the kernel is restarted.").tag(config=True)
+    max_restarts = Int(3, help="Kernel restarts per notebook after a crash or a hang."
+                       ).tag(config=True)
+    output_limit_kb = Int(512, help="Output kept per cell (KiB); the rest is dropped and "
+                                    "the cell says so.").tag(config=True)
+    extra_python_paths = List(Unicode(), help=(
+        "More folders the kernel and the grader import from (check packages outside "
+        "autograde/).")).tag(config=True)
+    check_packages = List(Unicode(), ["autograde.checks"], help=(
+        "Modules whose functions, called in a hidden test cell, are replayed out of the "
+        "kernel's reach.")).tag(config=True)
+    visible_points = Enum(["tied", "kernel"], "tied", help=(
+        "Graded test cells without a hidden check (visible checks) are scored inside the "
+        "kernel, where a replaced comparison or an answer hard-coded for the visible inputs "
+        "passes them.  'tied': their points count only if every hidden check of the same "
+        "function passed the grader's replay; 'kernel': nbgrader's rule, the kernel decides."
+    )).tag(config=True)
+    gpu_cell_tags = List(Unicode(), ["gpu"], help=(
+        "Cell tags (in the source notebook) of graded cells that need a GPU.")).tag(config=True)
+    forbidden_extra = Dict(help="Assignment id -> more dotted names a graded function must "
+                                "not use (static scan).").tag(config=True)
+    status_directory = Unicode("autograde_status", help=(
+        "Where the per-submission grading status lives, relative to the course root."
+    )).tag(config=True)
+    gpu_devices = Unicode("", help="CUDA_VISIBLE_DEVICES for GPU grading kernels ('' keeps "
+                                   "the grader's).").tag(config=True)
+    extra_ro_paths = List(Unicode(), help="More host folders the kernel may read (for "
+                                          "example a CUDA toolkit under /opt).").tag(config=True)
+
+    def timeout_for(self, assignment_id: str) -> int:
+        if assignment_id in self.lab_timeouts:
+            return int(self.lab_timeouts[assignment_id])
+        if self.timeout:
+            return int(self.timeout)
+        return labs.default_timeout(assignment_id)
+
+
+_GPU_CACHE = {}
+
+
+def gpu_visible() -> bool:
+    """Whether this process sees a CUDA GPU (asks torch once)."""
+    if "v" not in _GPU_CACHE:
+        try:
+            import torch
+            _GPU_CACHE["v"] = bool(torch.cuda.is_available())
+        except Exception:                            # noqa: BLE001
+            _GPU_CACHE["v"] = False
+    return _GPU_CACHE["v"]
+
+
+def resolve_environment(settings: AutogradeSettings) -> str:
+    """'cpu' or 'gpu' for this grading host."""
+    if settings.environment == "cpu":
+        return "cpu"
+    if settings.environment == "gpu":
+        if not gpu_visible():
+            raise RuntimeError("AutogradeSettings.environment = 'gpu' but no CUDA GPU is visible "
+                               "to the grader")
+        return "gpu"
+    return "gpu" if gpu_visible() else "cpu"
+
+
+def gpu_name() -> str:
+    try:
+        import torch
+        return torch.cuda.get_device_name(0)
+    except Exception:                                # noqa: BLE001
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+            return out.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.TimeoutExpired, IndexError):
+            pass
+    return "a CUDA GPU"
+
+
+def describe(environment: str, sandbox: str, settings: AutogradeSettings, timeout: int,
+             uid: int) -> str:
+    """The one line the log shows for every graded notebook."""
+    if environment == "gpu":
+        env = f"GPU ({gpu_name()}; Triton compiles for the device)"
+    else:
+        env = "CPU (Triton interpreter, TRITON_INTERPRET=1; the kernel sees no GPU)"
+    if sandbox == "bwrap":
+        box = (f"bubblewrap sandbox as uid {uid}, no network, limits: "
+               + (f"{settings.memory_mb} MiB address space, " if settings.memory_mb and
+                  environment == "cpu" else "")
+               + f"{settings.processes} processes, {settings.cpu_seconds} CPU s, "
+                 f"{settings.file_mb} MiB per file")
+    else:
+        box = "NO SANDBOX (plain kernel with resource limits only: student code can read and " \
+              "write what the grader can)"
+    return f"grading environment: {env} | {box} | {timeout} s per cell"
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                           # pragma: no cover
+        return os.cpu_count() or 1

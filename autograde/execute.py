@@ -1,0 +1,291 @@
+"""Running a submission: nbgrader's Execute preprocessor with a sandboxed kernel, per-lab
+timeouts, an output cap, and recovery from a kernel that hangs or dies.
+
+What nbgrader does on its own: a cell that runs past the timeout is interrupted with SIGINT
+and the next cell runs.  What happens here as well:
+
+- the kernel is started by :mod:`autograde.kernel` (sandbox, limits, the grader's seed);
+- a cell that ignores the interrupt (its kernel stops answering) or kills its kernel is
+  recorded as an incident; the kernel is restarted and every earlier cell that is not a test
+  cell and did not fail is run again, silently, to rebuild the student's state; then grading
+  goes on with the next cell, so the rest of the submission is still graded;
+- output beyond ``output_limit_kb`` per cell is dropped as it arrives (the grader never holds
+  it), and the cell says how much was dropped.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import secrets
+import time
+
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbclient.util import ensure_async, run_sync
+from nbformat.notebooknode import NotebookNode
+from nbgrader import utils as nbutils
+from nbgrader.preprocessors import Execute
+from traitlets import Integer
+
+from . import dblock, status
+from .config import AutogradeSettings, describe, resolve_environment
+from .kernel import KernelSetup
+from .recording import MIME
+from .sandbox import sandbox_available
+
+__all__ = ["SandboxedExecute", "resolve_sandbox"]
+
+_SANDBOX_CACHE = {}
+
+
+def resolve_sandbox(settings: AutogradeSettings, log=None) -> str:
+    if settings.sandbox == "none":
+        return "none"
+    if "v" not in _SANDBOX_CACHE:
+        _SANDBOX_CACHE["v"] = sandbox_available()
+    ok, why = _SANDBOX_CACHE["v"]
+    if ok:
+        return "bwrap"
+    if settings.sandbox == "bwrap" or settings.require_sandbox:
+        raise RuntimeError(f"the grading sandbox is required but unavailable: {why}")
+    if log is not None:
+        log.warning("NO SANDBOX for grading kernels: %s", why)
+    return "none"
+
+
+def _error(ename, evalue):
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue,
+                        traceback=[f"{ename}: {evalue}"])
+
+
+def first_answer(nb) -> int:
+    return next((i for i, c in enumerate(nb.cells) if nbutils.is_solution(c)), len(nb.cells))
+
+
+def _is_test_cell(cell) -> bool:
+    return cell.cell_type == "code" and nbutils.is_grade(cell) and not nbutils.is_solution(cell)
+
+
+class SandboxedExecute(Execute):
+    """nbgrader's Execute, run in the grading sandbox (see the module docstring)."""
+
+    iopub_timeout = Integer(5).tag(config=True)
+    startup_timeout = Integer(120).tag(config=True)
+
+    def preprocess(self, nb, resources, km=None):
+        settings = AutogradeSettings(parent=self)
+        nbg = resources["nbgrader"]
+        assignment, student = nbg["assignment"], nbg["student"]
+        self._settings = settings
+        explicit = any("timeout" in self.config.get(section, {})
+                       for section in ("Execute", "SandboxedExecute"))
+        # nbgrader's own --Execute.timeout, when given, wins over the lab's default
+        self.timeout = self._cell_timeout = self.timeout if explicit and self.timeout else \
+            settings.timeout_for(assignment)
+        self.iopub_timeout = max(1, int(round(settings.interrupt_grace)))
+        self.shutdown_kernel = "immediate"
+        environment = resolve_environment(settings)
+        mode = resolve_sandbox(settings, self.log)
+        self._worker = int(os.environ.get("AUTOGRADE_WORKER", "0") or 0)
+        self._workers = int(os.environ.get("AUTOGRADE_WORKERS", "1") or 1)
+        self._mode, self._environment = mode, environment
+        self.log.info("%s/%s: %s", student, nbg["notebook"],
+                      describe(environment, mode, settings, self.timeout,
+                               settings.kernel_uid + self._worker))
+        # what nbconvert's ExecutePreprocessor.preprocess does before running cells
+        from nbclient import NotebookClient
+        NotebookClient.__init__(self, nb, km)
+        self.reset_execution_trackers()
+        self._check_assign_resources(resources)
+        self.info = resources.setdefault("autograde", {})
+        self.info.update(environment=environment, sandbox=mode, timeout=self.timeout,
+                         cells={}, incidents=[], seeds={})
+        self._setup = None
+        self._incarnation = 0
+        self._restarts = 0
+        self._failed = set()
+        dblock.release()
+        try:
+            run_sync(self._async_run_all)()
+        except Exception as exc:
+            status.note_failure(os.getcwd(), settings, assignment, student,
+                                f"grading kernel failed: {exc}")
+            raise
+        finally:
+            dblock.acquire()
+        self.set_widgets_metadata()
+        return self.nb, self.resources
+
+    # ------------------------------------------------------------------ kernel lifecycle
+    async def _start(self):
+        self._incarnation += 1
+        seed = secrets.token_hex(16)
+        self._setup = KernelSetup(mode=self._mode, environment=self._environment,
+                                  settings=self._settings, seed=seed, worker=self._worker,
+                                  workers=self._workers)
+        self.info["seeds"][str(self._incarnation)] = seed
+        self.km = self._setup.kernel_manager(parent=self)
+        started = time.monotonic()
+        try:
+            await self.async_start_new_kernel()
+            await self.async_start_new_kernel_client()
+        except Exception as exc:
+            self._setup.cleanup()
+            raise RuntimeError(f"the grading kernel did not start ({exc})") from exc
+        self._setup.close_socket_dir()
+        self.log.debug("kernel %d up in %.2f s", self._incarnation, time.monotonic() - started)
+
+    async def _stop(self):
+        if self.km is not None:
+            try:
+                await self._async_cleanup_kernel()
+            except Exception as exc:                    # noqa: BLE001
+                self.log.warning("cleaning up the kernel: %s", exc)
+            self.km = None
+            self.kc = None
+        if self._setup is not None:
+            self._setup.cleanup()
+            self._setup = None
+
+    async def _exit_status(self):
+        try:
+            return await self.km.provisioner.poll()
+        except Exception:                               # noqa: BLE001
+            return None
+
+    # ------------------------------------------------------------------ cells
+    async def _async_run_all(self):
+        await self._start()
+        msg_id = await ensure_async(self.kc.kernel_info())
+        info = await self.async_wait_for_reply(msg_id)
+        if info and "language_info" in info.get("content", {}):
+            self.nb.metadata["language_info"] = info["content"]["language_info"]
+        gave_up = None
+        answer = first_answer(self.nb)
+        try:
+            for index, cell in enumerate(self.nb.cells):
+                setup = index < answer and nbutils.is_locked(cell) and \
+                    not nbutils.is_grade(cell)
+                self.timeout = self._settings.setup_timeout if setup else self._cell_timeout
+                if cell.cell_type != "code" or not cell.source.strip():
+                    continue
+                if gave_up is not None:
+                    cell.outputs = [_error("CellNotRun", gave_up)]
+                    self.info["cells"][str(index)] = {"not_run": gave_up}
+                    continue
+                entry = {"incarnation": self._incarnation}
+                self.info["cells"][str(index)] = entry
+                problem = await self._run_cell(cell, index, entry)
+                if problem is None:
+                    continue
+                self._failed.add(index)
+                self._incident(index, cell, problem)
+                ok, why = await self._restart_and_replay(index)
+                if not ok:
+                    gave_up = why
+                    self._incident(index, cell, f"grading stopped: {why}")
+        finally:
+            await self._stop()
+
+    def _incident(self, index, cell, text):
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        self.info["incidents"].append({"cell": index, "grade_id": gid, "what": text})
+        self.log.warning("cell %s%s: %s", index, f" ({gid})" if gid else "", text)
+
+    async def _run_cell(self, cell, index, entry):
+        """Run one cell; None if the kernel is still usable, else what went wrong."""
+        self._timed_out = False
+        self._dropped = 0
+        started = time.monotonic()
+        try:
+            await self.async_execute_cell(cell, index, store_history=True)
+        except CellTimeoutError:
+            entry["timeout"] = entry["unresponsive"] = True
+            cell.outputs.append(_error(
+                "CellTimeoutError", f"the cell ran past {self.timeout} s and did not stop when "
+                                    "interrupted; the kernel was restarted"))
+            return f"timed out after {self.timeout} s and ignored the interrupt"
+        except DeadKernelError:
+            code = await self._exit_status()
+            entry["died"] = True
+            what = f"the kernel died while running this cell (exit status {code})"
+            cell.outputs.append(_error("KernelDied", what + "; the kernel was restarted"))
+            return what
+        finally:
+            entry["seconds"] = round(time.monotonic() - started, 3)
+            if self._dropped:
+                entry["output_dropped_bytes"] = self._dropped
+                cell.outputs.append(NotebookNode(
+                    output_type="stream", name="stdout",
+                    text=f"\n[autograde: {self._dropped} bytes of output beyond "
+                         f"{self._settings.output_limit_kb} KiB were dropped]\n"))
+                self._incident(index, cell, f"output limit: {self._dropped} bytes dropped")
+        if self._timed_out:
+            entry["timeout"] = True
+            self._failed.add(index)
+            self._incident(index, cell, f"timed out after {self.timeout} s (interrupted)")
+        return None
+
+    async def _restart_and_replay(self, failed_index):
+        self._restarts += 1
+        if self._restarts > self._settings.max_restarts:
+            return False, f"the kernel was restarted {self._settings.max_restarts} times"
+        await self._stop()
+        try:
+            await self._start()
+        except RuntimeError as exc:
+            return False, str(exc)
+        for j, original in enumerate(self.nb.cells[:failed_index]):
+            if original.cell_type != "code" or not original.source.strip() or j in self._failed \
+                    or _is_test_cell(original):
+                continue
+            scratch = copy.deepcopy(original)
+            self._timed_out = False
+            self.timeout = self._settings.setup_timeout if j < first_answer(self.nb) \
+                else self._cell_timeout
+            try:
+                await self.async_execute_cell(scratch, j, store_history=False)
+            except (CellTimeoutError, DeadKernelError):
+                self._timed_out = True
+            finally:
+                self.nb.cells[j] = original
+            if self._timed_out:
+                return False, f"rebuilding the state after a restart failed at cell {j}"
+        return True, ""
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self._timed_out = True
+        return await super()._async_handle_timeout(timeout, cell)
+
+    # ------------------------------------------------------------------ output cap
+    def process_message(self, msg, cell, cell_index):
+        msg_type = msg.get("msg_type")
+        if msg_type in ("stream", "display_data", "execute_result", "update_display_data",
+                        "error"):
+            content = msg.get("content", {})
+            data = content.get("data") or {}
+            is_record = MIME in data
+            if msg_type == "stream":
+                size = len(content.get("text", ""))
+            elif msg_type == "error":
+                size = len(content.get("evalue", "")) + sum(len(t) for t in
+                                                            content.get("traceback", []))
+            else:
+                size = sum(len(v) if isinstance(v, str) else len(json.dumps(v))
+                           for v in data.values())
+            budgets = self._budgets_for(cell_index)
+            key = "record" if is_record else "output"
+            if size > budgets[key]:
+                if not is_record:
+                    self._dropped = getattr(self, "_dropped", 0) + size
+                else:
+                    budgets["record_overflow"] = True
+                return None
+            budgets[key] -= size
+        return super().process_message(msg, cell, cell_index)
+
+    def _budgets_for(self, cell_index):
+        if not hasattr(self, "_budgets") or self._budgets[0] != cell_index:
+            self._budgets = (cell_index, {"output": self._settings.output_limit_kb * 1024,
+                                          "record": 64 * 2 ** 20})
+        return self._budgets[1]

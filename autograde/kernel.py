@@ -1,0 +1,155 @@
+"""The grading kernel: a jupyter_client kernel manager whose kernel starts in the sandbox."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import AsyncKernelManager
+
+from .config import cores
+
+__all__ = ["SandboxKernelManager", "KernelSetup"]
+
+
+def _package_dirs(names):
+    dirs = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            dirs.extend(os.path.realpath(p) for p in spec.submodule_search_locations)
+    return dirs
+
+
+def _remove_stale():
+    """Folders of graders that were killed before they could clean up (their pid is gone)."""
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if not (name.startswith(("autograde-", "ag-ipc-")) and len(parts) >= 3 and
+                parts[-2].isdigit()):
+            continue
+        pid = int(parts[-2])
+        try:
+            os.kill(pid, 0)
+            continue                                   # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+class KernelSetup:
+    """Everything one grading kernel needs on the host: a private folder (spec and connection
+    file, root only), a socket folder (the kernel's uid while it starts, then closed)."""
+
+    def __init__(self, *, mode, environment, settings, seed, worker=0, workers=1):
+        self.mode = mode
+        self.environment = environment
+        self.settings = settings
+        self.seed = seed
+        self.uid = settings.kernel_uid + worker
+        _remove_stale()
+        self.private = tempfile.mkdtemp(prefix=f"autograde-{os.getpid()}-")
+        self.sock_dir = tempfile.mkdtemp(prefix=f"ag-ipc-{os.getpid()}-")
+        if mode == "bwrap":
+            os.chown(self.sock_dir, self.uid, self.uid)
+            os.chmod(self.sock_dir, 0o700)
+        threads = settings.threads or max(1, cores() // max(1, workers))
+        self.threads = threads
+        self.spec_path = os.path.join(self.private, "sandbox.json")
+        self._write_spec(threads)
+
+    def _write_spec(self, threads):
+        s = self.settings
+        env = {
+            "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp/home", "USER": "student", "LOGNAME": "student",
+            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": "/tmp",
+            "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+            "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib",
+            "TRITON_CACHE_DIR": "/tmp/triton", "IPYTHONDIR": "/tmp/ipython",
+            "JUPYTER_RUNTIME_DIR": "/tmp/jupyter", "XDG_CACHE_HOME": "/tmp/cache",
+            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            "OPENBLAS_NUM_THREADS": str(threads),
+            "NBGRADER_EXECUTION": "autograde", "AUTOGRADE_SEED": self.seed,
+            "AUTOGRADE_ENVIRONMENT": self.environment,
+        }
+        if self.environment == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        else:
+            visible = s.gpu_devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            if visible:
+                env["CUDA_VISIBLE_DEVICES"] = visible
+            for key in ("CUDA_HOME", "LD_LIBRARY_PATH", "TRITON_PTXAS_PATH"):
+                if os.environ.get(key):
+                    env[key] = os.environ[key]
+        extra = [os.path.realpath(p) for p in s.extra_python_paths if os.path.isdir(p)]
+        if extra:
+            env["PYTHONPATH"] = ":".join(extra)
+        if self.mode == "none":
+            env["HOME"] = self.private
+            for key in ("MPLCONFIGDIR", "TRITON_CACHE_DIR", "IPYTHONDIR", "JUPYTER_RUNTIME_DIR",
+                        "XDG_CACHE_HOME"):
+                env[key] = os.path.join(self.private, key.lower())
+            env.pop("TMPDIR")
+        ro = [os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)]
+        ro += _package_dirs(["source_kernels", "autograde"]) + extra
+        ro += [p for p in s.extra_ro_paths if os.path.exists(p)]
+        limits = {"memory_mb": s.memory_mb if self.environment == "cpu" else 0,
+                  "processes": s.processes, "cpu_seconds": s.cpu_seconds,
+                  "file_mb": s.file_mb, "open_files": s.open_files}
+        spec = {"mode": self.mode, "uid": self.uid, "python": sys.executable, "ro_paths": ro,
+                "cwd": None, "sock_dir": self.sock_dir, "env": env, "limits": limits,
+                "tmp_mb": s.tmp_mb, "gpu": self.environment == "gpu",
+                "kernel_args": [
+                    "--IPKernelApp.exec_lines=import autograde.recording as _autograde_rec; "
+                    "_autograde_rec.install_in_kernel(); del _autograde_rec"]}
+        with open(self.spec_path, "w") as fh:
+            json.dump(spec, fh)
+
+    def kernel_manager(self, **kwargs):
+        km = SandboxKernelManager(transport="ipc", ip=os.path.join(self.sock_dir, "k"),
+                                  connection_file=os.path.join(self.private, "connection.json"),
+                                  **kwargs)
+        km._kernel_spec = KernelSpec(
+            argv=[sys.executable, "-m", "autograde.sandbox", "launch", self.spec_path,
+                  "{connection_file}"],
+            display_name="Python 3 (autograde sandbox)", language="python",
+            interrupt_mode="signal", env={}, metadata={})
+        return km
+
+    def close_socket_dir(self):
+        """Once the kernel has bound its sockets, take the folder back from its uid."""
+        if self.mode == "bwrap":
+            os.chown(self.sock_dir, 0, 0)
+            os.chmod(self.sock_dir, 0o700)
+
+    def cleanup(self):
+        shutil.rmtree(self.private, ignore_errors=True)
+        shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+
+class SandboxKernelManager(AsyncKernelManager):
+    """A kernel manager that never looks up a kernelspec: its spec is set by KernelSetup."""
+
+    @property
+    def kernel_spec(self):
+        return self._kernel_spec
+
+    @property
+    def ipykernel(self) -> bool:
+        return True

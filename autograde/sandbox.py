@@ -1,0 +1,284 @@
+"""The grading kernel's sandbox: bubblewrap, an unprivileged uid and resource limits.
+
+No Docker: the kernel runs inside ``bwrap`` (Debian's ``bubblewrap``) with its own network,
+pid, ipc and uts namespaces, so it has no network at all (not even loopback to the host), sees
+no process of the host, and is killed with everything it spawned when it ends.  Its file
+system is built from read-only binds of what Python needs (``/usr``, the Python install, the
+virtual environment, the course's ``source_kernels`` and ``autograde`` packages) plus a copy
+of the submission folder on a size-limited private ``/tmp``; the course directory, the
+gradebook, the source notebooks and the other students' folders are simply not there.  Inside,
+``setpriv`` drops to a dedicated uid (``64123`` plus the worker number, so that the process
+limit counts one kernel's processes only) with no capabilities and ``no_new_privs``, and
+``prlimit`` caps address space, processes, CPU seconds, file size and open files.
+
+The kernel talks to the grader over ZeroMQ ``ipc`` sockets in a directory that the grader
+creates and closes once the kernel is up.  The kernel spec's command is ``python -m
+autograde.sandbox launch SPEC CONNECTION_FILE``: this launcher (run as the grader's user)
+builds the ``bwrap`` command, starts it with SIGINT ignored (jupyter_client interrupts by
+signalling the whole process group; the kernel inside re-enables SIGINT while it runs a
+cell), keeps the first few kB of the kernel's stdout/stderr for the log and drops the rest.
+
+Modes: ``bwrap`` (the above; needs root, the normal case on a grading host or in CI) and
+``none`` (a plain kernel with the same environment and the per-process limits, no isolation:
+for a laptop; the log says so in capitals).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+__all__ = ["build_command", "sandbox_available", "main", "KERNEL_CWD", "CONNECTION_PATH"]
+
+KERNEL_CWD = "/submission"
+CONNECTION_PATH = "/run/autograde/connection.json"
+_KEEP_OUTPUT = 8192
+
+
+def bwrap_path():
+    return shutil.which("bwrap")
+
+
+def sandbox_available():
+    """(True, "") when a bubblewrap sandbox with a uid switch can start here, else
+    (False, why)."""
+    if os.name != "posix":
+        return False, "not a POSIX system"
+    if bwrap_path() is None:
+        return False, "bwrap (bubblewrap) is not installed: apt-get install bubblewrap"
+    if shutil.which("setpriv") is None or shutil.which("prlimit") is None:
+        return False, "setpriv/prlimit (util-linux) are missing"
+    if os.geteuid() != 0:
+        return False, "the grader does not run as root, so it cannot switch the kernel to an " \
+                      "unprivileged uid"
+    try:
+        proc = subprocess.run(
+            [bwrap_path(), "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid",
+             "--unshare-ipc", "--die-with-parent", "--", "true"],
+            capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"bwrap failed to start: {exc}"
+    if proc.returncode != 0:
+        return False, "bwrap cannot create namespaces here: " + \
+            proc.stderr.decode(errors="replace").strip()[:300]
+    return True, ""
+
+
+def _root_layout():
+    """Binds that recreate /usr, /bin, /lib... as on the host (links stay links)."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+                 "/etc/fonts", "/etc/hosts", "/etc/nsswitch.conf", "/etc/alternatives"):
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _inside(path, roots):
+    path = os.path.realpath(path)
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def build_command(spec, connection_fd, passwd_fd):
+    """The bwrap command line for ``spec`` (see ``autograde.kernel.sandbox_spec``)."""
+    uid = int(spec["uid"])
+    limits = spec["limits"]
+    args = [bwrap_path(), "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grading", "--clearenv"]
+    args += _root_layout()
+    tmp_bytes = str(int(spec["tmp_mb"]) * 2 ** 20)
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", tmp_bytes, "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", tmp_bytes, "--perms", "1777", "--tmpfs", "/dev/shm"]
+    if spec.get("gpu"):
+        for dev in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
+            args += ["--dev-bind", dev, dev]
+        if os.path.isdir("/sys"):
+            args += ["--ro-bind", "/sys", "/sys"]
+    bound = ["/usr"]
+    made = {"/", "/tmp", "/dev", "/dev/shm", "/proc", "/run", KERNEL_CWD}
+    paths = [spec["sock_dir"]] + [p for p in spec["ro_paths"] if os.path.exists(p)]
+    for path in paths:                 # parents bwrap would otherwise create as 0700
+        parent = os.path.dirname(os.path.realpath(path))
+        chain = []
+        while parent not in made and parent != "/":
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for folder in reversed(chain):
+            if not _inside(folder, ["/usr"]):
+                args += ["--perms", "0755", "--dir", folder]
+            made.add(folder)
+    for path in spec["ro_paths"]:
+        if os.path.exists(path) and not _inside(path, bound):
+            args += ["--ro-bind", path, path]
+            bound.append(os.path.realpath(path))
+    args += ["--size", tmp_bytes, "--perms", "1777", "--tmpfs", KERNEL_CWD,
+             "--dir", "/run/autograde",
+             "--perms", "0444", "--file", str(connection_fd), CONNECTION_PATH,
+             "--perms", "0444", "--file", str(passwd_fd), "/etc/passwd"]
+    # the submission: every file read-only inside a writable folder
+    cwd = spec["cwd"]
+    if cwd and os.path.isdir(cwd):
+        for name in sorted(os.listdir(cwd)):
+            host = os.path.join(cwd, name)
+            if name.endswith(".ipynb") or os.path.islink(host):
+                continue            # the notebook arrives cell by cell, never as a file
+            args += ["--ro-bind", host, f"{KERNEL_CWD}/{name}"]
+    sock_dir = spec["sock_dir"]
+    args += ["--bind", sock_dir, sock_dir, "--chdir", KERNEL_CWD]
+    for key, value in sorted(spec["env"].items()):
+        args += ["--setenv", key, str(value)]
+    args += ["--", shutil.which("setpriv") or "/usr/bin/setpriv",
+             f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+             "--inh-caps=-all", "--bounding-set=-all",
+             "--", shutil.which("prlimit") or "/usr/bin/prlimit"]
+    args += _prlimit_args(limits, nproc=True)
+    args += ["--", spec["python"], "-m", "ipykernel_launcher", "-f", CONNECTION_PATH]
+    args += list(spec.get("kernel_args", []))
+    return args
+
+
+def _prlimit_args(limits, nproc):
+    out = []
+    if limits.get("memory_mb"):
+        out.append(f"--as={int(limits['memory_mb']) * 2 ** 20}")
+    if nproc and limits.get("processes"):
+        out.append(f"--nproc={int(limits['processes'])}")
+    if limits.get("cpu_seconds"):
+        out.append(f"--cpu={int(limits['cpu_seconds'])}")
+    if limits.get("file_mb"):
+        out.append(f"--fsize={int(limits['file_mb']) * 2 ** 20}")
+    out.append(f"--nofile={int(limits.get('open_files', 1024))}")
+    out.append("--core=0")
+    return out
+
+
+def _set_rlimits(limits):
+    """The ``none`` mode's limits, applied to the launcher itself before it execs the kernel."""
+    import resource
+    pairs = [(resource.RLIMIT_CPU, limits.get("cpu_seconds")),
+             (resource.RLIMIT_FSIZE, (limits.get("file_mb") or 0) * 2 ** 20),
+             (resource.RLIMIT_AS, (limits.get("memory_mb") or 0) * 2 ** 20),
+             (resource.RLIMIT_CORE, 0)]
+    for which, value in pairs:
+        if value is None or (value == 0 and which != resource.RLIMIT_CORE):
+            continue
+        try:
+            resource.setrlimit(which, (int(value), int(value)))
+        except (ValueError, OSError):
+            pass
+
+
+def _die_with_parent():
+    """If the grader dies without stopping this kernel, the kernel goes too (Linux)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)           # PR_SET_PDEATHSIG
+        if os.getppid() == 1:
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
+def _drain(stream, keep, sink):
+    """Read ``stream`` to its end, keeping the first ``keep`` bytes in ``sink``."""
+    kept = 0
+    while True:
+        chunk = stream.read(65536)
+        if not chunk:
+            break
+        if kept < keep:
+            sink.append(chunk[:keep - kept])
+            kept += len(chunk[:keep - kept])
+
+
+def launch(spec_path, connection_file, extra_args):
+    with open(spec_path) as fh:
+        spec = json.load(fh)
+    args = list(spec.get("kernel_args", []))
+    for arg in extra_args:                     # traitlets refuses an option given twice
+        if arg.split("=", 1)[0] not in {a.split("=", 1)[0] for a in args}:
+            args.append(arg)
+    spec["kernel_args"] = args
+    signal.signal(signal.SIGINT, signal.SIG_IGN)       # an interrupt is for the kernel only
+    _die_with_parent()
+    if not spec.get("cwd"):
+        spec["cwd"] = os.getcwd()          # jupyter_client starts us in the submission folder
+    if spec["mode"] == "none":
+        return _launch_unsandboxed(spec, connection_file)
+    with open(connection_file, "rb") as fh:
+        connection = fh.read()
+    uid = int(spec["uid"])
+    passwd = (f"root:x:0:0:root:/root:/bin/false\n"
+              f"student:x:{uid}:{uid}:student:/tmp/home:/bin/false\n").encode()
+    conn_r, conn_w = os.pipe()
+    pw_r, pw_w = os.pipe()
+    os.write(conn_w, connection)
+    os.close(conn_w)
+    os.write(pw_w, passwd)
+    os.close(pw_w)
+    command = build_command(spec, conn_r, pw_r)
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, pass_fds=(conn_r, pw_r))
+    os.close(conn_r)
+    os.close(pw_r)
+
+    def forward_term(signum, _frame):
+        try:
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, forward_term)
+    kept = []
+    reader = threading.Thread(target=_drain, args=(proc.stdout, _KEEP_OUTPUT, kept), daemon=True)
+    reader.start()
+    code = proc.wait()
+    reader.join(timeout=2)
+    if code != 0:
+        text = b"".join(kept).decode(errors="replace").strip()
+        sys.stderr.write(f"[autograde sandbox] kernel exited with status {code}"
+                         + (f"; its first output:\n{text}\n" if text else "\n"))
+    return code
+
+
+def _launch_unsandboxed(spec, connection_file):
+    env = dict(spec["env"])
+    cwd = spec["cwd"] if spec["cwd"] and os.path.isdir(spec["cwd"]) else None
+    _set_rlimits(spec["limits"])
+    argv = [spec["python"], "-m", "ipykernel_launcher", "-f", connection_file]
+    argv += spec["kernel_args"]
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)                 # the kernel's own prints are not the grader's log
+    if cwd:
+        os.chdir(cwd)
+    os.execve(spec["python"], argv, env)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 3 and argv[0] == "launch":
+        sys.exit(launch(argv[1], argv[2], argv[3:]))
+    if argv[:1] == ["check"]:
+        ok, why = sandbox_available()
+        print("bubblewrap sandbox: " + ("available" if ok else f"NOT available ({why})"))
+        sys.exit(0 if ok else 1)
+    sys.stderr.write("usage: python -m autograde.sandbox launch SPEC CONNECTION_FILE [ARGS]\n"
+                     "       python -m autograde.sandbox check\n")
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

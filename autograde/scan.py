@@ -1,0 +1,198 @@
+"""A static look at the student's code, outside the kernel: which graded functions reach
+something they must not (the operator package's references and chips, the grading package).
+
+The in-kernel ``forbid_references`` catches a graded function that calls a reference while
+the check runs; it cannot catch a copy made beforehand (``types.FunctionType(ref.__code__,
+...)``, an alias bound before the check, a module reached by ``__import__``).  This scan reads
+the submitted source instead: it follows imports and aliases through the notebook, then every
+function and class the student defined, and marks those that mention a forbidden module or
+name, directly, through an alias, through a string naming it, or through another marked
+function of theirs.
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+__all__ = ["tainted_names"]
+
+_MAGIC = re.compile(r"^\s*[%!]")
+
+
+def _parse(source):
+    lines = [("pass  # " + line) if _MAGIC.match(line) else line
+             for line in source.splitlines()]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+def _dotted(node, aliases):
+    """'a.b.c' for a Name/Attribute chain, with the root resolved through ``aliases``."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    root = aliases.get(node.id, node.id)
+    return ".".join([root] + parts[::-1])
+
+
+def _under(name, prefix):
+    return name == prefix or name.startswith(prefix + ".")
+
+
+_DEFINED = {}
+
+
+def _defining_module(dotted):
+    """The module that defines what ``dotted`` names (``source_kernels.chips.lab05.msda_forward``
+    -> ``source_kernels.forward``, a chip re-exporting a kernel), or None.  Imports only
+    modules under the forbidden prefixes, in the grader's process."""
+    if dotted in _DEFINED:
+        return _DEFINED[dotted]
+    import importlib
+    parts = dotted.split(".")
+    found = None
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except Exception:                          # noqa: BLE001
+            continue
+        try:
+            for part in parts[cut:]:
+                obj = getattr(obj, part)
+        except AttributeError:
+            break
+        target = getattr(obj, "fn", obj) if hasattr(obj, "run") else obj
+        found = getattr(target, "__module__", None) if cut < len(parts) else obj.__name__
+        break
+    _DEFINED[dotted] = found
+    return found
+
+
+def _matches(name, forbidden, allowed):
+    if any(_under(name, a) for a in allowed):
+        return False
+    if not any(_under(name, f) for f in forbidden):
+        return False
+    if allowed:                       # a re-export of something allowed is allowed too
+        module = _defining_module(name)
+        if module and any(_under(module, a) for a in allowed):
+            return False
+    return True
+
+
+def _import_bindings(node, explicit_only=False):
+    """(bound name, dotted target) for an import statement.  A bare ``import a.b`` binds
+    ``a`` to itself: what it reaches is judged by the attribute chains that use it."""
+    out = []
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.asname:
+                out.append((alias.asname, alias.name))
+            elif not explicit_only:
+                top = alias.name.split(".")[0]
+                out.append((top, top))
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        for alias in node.names:
+            if alias.name != "*":
+                out.append((alias.asname or alias.name, f"{node.module}.{alias.name}"))
+    return out
+
+
+def _local_names(node):
+    """Arguments and assigned names of a function (they shadow the notebook's aliases)."""
+    names = set()
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = node.args
+        for arg in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]:
+            if arg is not None:
+                names.add(arg.arg)
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+            names.add(sub.id)
+    return names
+
+
+def _mentions(tree, aliases, forbidden, allowed, names_of_interest):
+    """(forbidden dotted names mentioned, names of interest used) inside ``tree``."""
+    found, used = set(), set()
+    local = dict(aliases)
+    if isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        for name in _local_names(tree):
+            local.pop(name, None)
+    for node in ast.walk(tree):
+        for name, target in _import_bindings(node):
+            local[name] = target
+        for name, target in _import_bindings(node, explicit_only=True):
+            if _matches(target, forbidden, allowed):
+                found.add(target)
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Attribute, ast.Name)):
+            dotted = _dotted(node, local) if id(node) not in inner else None
+            if dotted and _matches(dotted, forbidden, allowed):
+                found.add(dotted)
+            if isinstance(node, ast.Name) and node.id in names_of_interest:
+                used.add(node.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value.strip()
+            if len(text) < 200 and _matches(text, forbidden, allowed):
+                found.add(text)
+    return found, used
+
+
+def tainted_names(cells, forbidden, allowed=()):
+    """``cells``: [(source, written_by_student)] in notebook order.  Returns {name: reason}
+    for every top-level function, class or variable of the student's that reaches a forbidden
+    module or name."""
+    aliases = {}
+    definitions = {}            # name -> list of AST nodes (student's)
+    for source, by_student in cells:
+        tree = _parse(source)
+        if tree is None:
+            continue
+        for node in tree.body:
+            for name, target in _import_bindings(node):
+                aliases[name] = target
+            if not by_student:
+                continue
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                definitions.setdefault(node.name, []).append(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    for sub in ast.walk(target):
+                        if isinstance(sub, ast.Name):
+                            definitions.setdefault(sub.id, []).append(node)
+                            aliases.pop(sub.id, None)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for name, _ in _import_bindings(node, explicit_only=True):
+                    definitions.setdefault(name, []).append(node)
+    names = set(definitions)
+    direct, uses = {}, {}
+    for name, nodes in definitions.items():
+        found, used = set(), set()
+        for node in nodes:
+            f, u = _mentions(node, aliases, forbidden, allowed, names)
+            found |= f
+            used |= u
+        if found:
+            direct[name] = f"uses {sorted(found)[0]}"
+        uses[name] = used - {name}
+    tainted = dict(direct)
+    changed = True
+    while changed:
+        changed = False
+        for name, used in uses.items():
+            if name in tainted:
+                continue
+            for other in sorted(used):
+                if other in tainted:
+                    tainted[name] = f"calls {other}, which {tainted[other]}"
+                    changed = True
+                    break
+    return tainted

@@ -1,0 +1,416 @@
+"""Decide every graded test cell outside the kernel, after the notebook ran.
+
+For each autograded test cell (its source restored from the gradebook, so trusted):
+
+1. stderr never decides a score: stderr text (a Triton or torch warning) is kept in the
+   output, marked, as stdout; an exception raised by the cell still gives it 0;
+2. a cell that needs a GPU (a tag in ``AutogradeSettings.gpu_cell_tags`` in the released
+   notebook, or a check whose function carries ``requires_gpu = True``) is marked "not
+   gradable here" on a CPU host: it gets no automatic score and is flagged for a GPU grading
+   run, never silently 0;
+3. every call of a check function from a check package (``autograde.checks`` by default) is
+   replayed in this process with the kernel's record (:mod:`autograde.recording`): the
+   expected values and the comparison are the grader's own.  A cell passes only if the
+   kernel raised nothing *and* every replay passed; a kernel pass that the replay rejects
+   (or a missing record) scores 0 and is flagged for review, with the replay's message;
+4. a checked function that the static scan (:mod:`autograde.scan`) finds reaching a
+   forbidden module scores 0;
+5. the records and any result value the kernel left in the cell are removed (a number there
+   would be read by nbgrader as partial credit).
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import os
+import sys
+
+from nbformat.notebooknode import NotebookNode
+from nbgrader import utils as nbutils
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+from . import labs, recording, scan
+from .config import AutogradeSettings, gpu_visible
+from .recording import MIME
+from .restore import released_notebook
+
+__all__ = ["VerifyChecks", "check_calls"]
+
+NOT_GRADABLE = "not_gradable_here"
+
+
+def _error(ename, evalue):
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue,
+                        traceback=[f"{ename}: {evalue}"])
+
+
+def _note(text):
+    return NotebookNode(output_type="stream", name="stdout", text=text)
+
+
+def check_calls(source, packages):
+    """The check calls in a hidden test cell: [(module, function, [arg specs], {kw: spec})],
+    where a spec is ("name", identifier), ("attr", "a.b") or ("const", value); or None for a
+    call whose arguments cannot be replayed."""
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return []
+    modules, functions = {}, {}
+
+    def in_packages(name):
+        return any(name == p or name.startswith(p + ".") for p in packages)
+
+    def is_module(name):
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    modules[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    modules[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if in_packages(node.module) and not is_module(full):
+                    functions[alias.asname or alias.name] = (node.module, alias.name)
+                elif in_packages(full):
+                    modules[alias.asname or alias.name] = full
+    calls = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        target = None
+        f = node.func
+        if isinstance(f, ast.Attribute):
+            chain, base = [], f
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in modules:
+                path = modules[base.id].split(".") + chain[::-1]
+                if in_packages(".".join(path[:-1])):
+                    target = (".".join(path[:-1]), path[-1])
+        elif isinstance(f, ast.Name) and f.id in functions:
+            target = functions[f.id]
+        if target is None:
+            continue
+        args = [_spec(a) for a in node.args]
+        kwargs = {k.arg: _spec(k.value) for k in node.keywords if k.arg}
+        where = (node.lineno, node.col_offset)
+        if any(a is None for a in args) or any(v is None for v in kwargs.values()) or \
+                any(k.arg is None for k in node.keywords):
+            calls.append((where, (target[0], target[1], None, None)))
+        else:
+            calls.append((where, (target[0], target[1], args, kwargs)))
+    return [call for _, call in sorted(calls, key=lambda c: c[0])]
+
+
+def _spec(node):
+    if isinstance(node, ast.Name):
+        return ("name", node.id)
+    if isinstance(node, ast.Attribute):
+        parts, base = [], node
+        while isinstance(base, ast.Attribute):
+            parts.append(base.attr)
+            base = base.value
+        if isinstance(base, ast.Name):
+            return ("attr", ".".join([base.id] + parts[::-1]))
+        return None
+    try:
+        return ("const", ast.literal_eval(node))
+    except (ValueError, SyntaxError):
+        return None
+
+
+def _records(cell):
+    """(list of event lists, overflow flag) from the cell's record outputs."""
+    events, overflow = [], False
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "display_data" and MIME in out.get("data", {}):
+            rec = out["data"][MIME]
+            if isinstance(rec, dict) and rec.get("overflow"):
+                overflow = True
+            elif isinstance(rec, dict) and isinstance(rec.get("events"), list):
+                events.extend(rec["events"])
+    return events, overflow
+
+
+def _device_map(kind):
+    return "cuda" if kind == "cuda" and gpu_visible() else "cpu"
+
+
+class VerifyChecks(NbGraderPreprocessor):
+    """See the module docstring."""
+
+    def preprocess(self, nb, resources):
+        settings = AutogradeSettings(parent=self)
+        self.settings = settings
+        info = resources.setdefault("autograde", {})
+        environment = info.get("environment", "cpu")
+        nbg = resources["nbgrader"]
+        for path in settings.extra_python_paths:
+            if os.path.isdir(path) and path not in sys.path:
+                sys.path.insert(0, path)
+        reference, _ = released_notebook(os.getcwd(), self.config, nbg["assignment"],
+                                         nbg["notebook"])
+        tags = {}
+        if reference is not None:
+            for c in reference.cells:
+                gid = c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+                if gid:
+                    tags[gid] = set(c.get("metadata", {}).get("tags", []))
+        forbidden, allowed = labs.forbidden_names(
+            nbg["assignment"], settings.forbidden_extra.get(nbg["assignment"], ()))
+        student_cells = [(c.source, not nbutils.is_locked(c)) for c in nb.cells
+                         if c.cell_type == "code"]
+        cache = {}
+
+        def tainted(extra_allowed=()):
+            key = frozenset(extra_allowed)
+            if key not in cache:
+                cache[key] = scan.tainted_names(student_cells, forbidden,
+                                                tuple(allowed) + tuple(sorted(key)))
+            return cache[key]
+        verdicts = info.setdefault("verdicts", {})
+        cells_info = info.get("cells", {})
+        seeds = info.get("seeds", {})
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            self._stderr_to_stdout(cell)
+            if not (nbutils.is_grade(cell) and not nbutils.is_solution(cell)):
+                self._strip_records(cell, results=False)
+                continue
+            gid = cell.metadata.nbgrader.get("grade_id")
+            verdict = self._verify_cell(cell, gid, tags.get(gid, set()), environment,
+                                        cells_info.get(str(index), {}), seeds, tainted)
+            verdicts[gid] = verdict
+            cell.metadata.setdefault("autograde", {})["verdict"] = verdict
+            self._strip_records(cell)
+            if verdict["verdict"] == "pass" and verdict.get("partial") is not None:
+                cell.outputs.append(NotebookNode(
+                    output_type="execute_result", execution_count=cell.get("execution_count"),
+                    metadata={}, data={"text/plain": repr(verdict["partial"])}))
+            if verdict["verdict"] != "pass" and not self._has_error(cell) and \
+                    verdict["verdict"] != NOT_GRADABLE:
+                cell.outputs.append(_error(verdict.get("ename", "HiddenCheckFailed"),
+                                           verdict["message"]))
+            if verdict["verdict"] == NOT_GRADABLE:
+                cell.outputs.append(_note(
+                    f"\n[autograde: not gradable here: {verdict['message']}; this cell "
+                    "will be graded on a GPU host]\n"))
+        if settings.visible_points == "tied":
+            self._tie_visible_cells(nb, verdicts)
+        return nb, resources
+
+    # ------------------------------------------------------------------ visible checks
+    def _tie_visible_cells(self, nb, verdicts):
+        """A graded cell scored in the kernel keeps its points only if every hidden check of
+        the student functions it uses passed the grader's replay."""
+        defined = set()
+        for cell in nb.cells:
+            if cell.cell_type == "code" and not nbutils.is_locked(cell):
+                defined |= _top_level_names(cell.source)
+        hidden = {}                     # function name -> [(grade_id, verdict)]
+        for cell in nb.cells:
+            verdict = cell.get("metadata", {}).get("autograde", {}).get("verdict")
+            if not verdict:
+                continue
+            for _, _, args, kwargs in check_calls(cell.source, self.settings.check_packages):
+                for spec in list(args or []) + list((kwargs or {}).values()):
+                    if spec[0] in ("name", "attr"):
+                        hidden.setdefault(spec[1].split(".")[0], []).append(
+                            (cell.metadata.nbgrader.get("grade_id"), verdict))
+        for cell in nb.cells:
+            verdict = cell.get("metadata", {}).get("autograde", {}).get("verdict")
+            if not verdict or verdict.get("replayed") is not False or \
+                    verdict["verdict"] != "pass":
+                continue
+            for name in sorted(_names_used(cell.source) & defined):
+                failed = [gid for gid, v in hidden.get(name, [])
+                          if v["verdict"] not in ("pass", NOT_GRADABLE)]
+                if failed:
+                    message = (f"{name} did not pass its hidden check ({', '.join(failed)}), "
+                               "so this visible check's points do not count")
+                    verdict.update(verdict="tied", message=message)
+                    cell.outputs.append(_error("HiddenCheckFailed", message))
+                    verdicts[cell.metadata.nbgrader.get("grade_id")] = verdict
+                    break
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _has_error(cell):
+        return any(o.get("output_type") == "error" for o in cell.get("outputs", []))
+
+    @staticmethod
+    def _stderr_to_stdout(cell):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                out["name"] = "stdout"
+                text = out.get("text", "")
+                out["text"] = "".join(f"[stderr] {line}" for line in
+                                      text.splitlines(keepends=True))
+
+    @staticmethod
+    def _strip_records(cell, results=True):
+        outs = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "display_data" and MIME in out.get("data", {}):
+                continue
+            if out.get("output_type") == "execute_result" and results:
+                continue
+            outs.append(out)
+        cell["outputs"] = outs
+
+    def _needs_gpu(self, cell_tags, calls):
+        if cell_tags & set(self.settings.gpu_cell_tags):
+            return True
+        for module, function, _, _ in calls:
+            fn = self._resolve(module, function)
+            if fn is not None and getattr(fn, "requires_gpu", False):
+                return True
+        return False
+
+    @staticmethod
+    def _resolve(module, function):
+        try:
+            return getattr(importlib.import_module(module), function)
+        except Exception:                          # noqa: BLE001
+            return None
+
+    @staticmethod
+    def _scan_verdict(calls, tainted):
+        for module, function, args, kwargs in calls:
+            for spec in list(args or []) + list((kwargs or {}).values()):
+                if spec[0] in ("name", "attr"):
+                    root = spec[1].split(".")[0]
+                    if root in tainted:
+                        return {"verdict": "forbidden", "ename": "ForbiddenReference",
+                                "message": f"{root} {tainted[root]}, which a graded function "
+                                           "must not use"}
+        return None
+
+    def _verify_cell(self, cell, gid, cell_tags, environment, run_info, seeds, tainted):
+        calls = check_calls(cell.source, self.settings.check_packages)
+        in_kernel_error = self._has_error(cell)
+        if self._needs_gpu(cell_tags, calls) and environment != "gpu":
+            return {"verdict": NOT_GRADABLE, "message": "needs a CUDA GPU"}
+        if run_info.get("not_run"):
+            return {"verdict": "fail", "message": f"not run: {run_info['not_run']}"}
+        if run_info.get("timeout"):
+            return {"verdict": "fail", "message": "timed out", "ename": "CellTimeoutError"}
+        if run_info.get("died"):
+            return {"verdict": "fail", "message": "the kernel died in this cell"}
+        if in_kernel_error:
+            return {"verdict": "fail", "message": "the cell raised an error in the kernel"}
+        if not calls:
+            return self._scan_verdict(calls, tainted()) or \
+                {"verdict": "pass", "message": "scored in the kernel (no check to replay)",
+                 "replayed": False}
+        events, overflow = _records(cell)
+        if overflow:
+            return {"verdict": "needs_review", "ename": "VerificationFailed",
+                    "message": "the record of this check was too large to verify"}
+        if not events:
+            return {"verdict": "needs_review", "ename": "VerificationFailed",
+                    "message": "the kernel reported a pass but sent no record of the hidden "
+                               "check (was the check replaced or silenced?)"}
+        seed = seeds.get(str(run_info.get("incarnation", 1)))
+        if seed is None:
+            return {"verdict": "needs_review", "ename": "VerificationFailed",
+                    "message": "no grading seed for this cell"}
+        try:
+            context = recording.ReplayContext(events, seed, _device_map)
+        except recording.ReplayError as exc:
+            return {"verdict": "needs_review", "ename": "VerificationFailed",
+                    "message": f"the record cannot be read: {exc}"}
+        result = None
+        for module, function, args, kwargs in calls:
+            if args is None:
+                return {"verdict": "needs_review", "ename": "VerificationFailed",
+                        "message": f"{module}.{function} is called with arguments the grader "
+                                   "cannot replay"}
+            fn = self._resolve(module, function)
+            if fn is None:
+                return {"verdict": "needs_review", "ename": "VerificationFailed",
+                        "message": f"the grader cannot import {module}.{function}"}
+            proxies = {}
+
+            def value(spec):
+                if spec[0] == "const":
+                    return spec[1]
+                root, *rest = spec[1].split(".")
+                obj = proxies.setdefault(root, recording.Proxy(context, root))
+                for part in rest:
+                    obj = getattr(obj, part)
+                return obj
+            try:
+                result = recording.replay_check(fn, [value(a) for a in args],
+                                                {k: value(v) for k, v in kwargs.items()},
+                                                context)
+            except recording.ReplayError as exc:
+                return {"verdict": "needs_review", "ename": "VerificationFailed",
+                        "message": f"the grader could not replay {function}: {exc}"}
+            except AssertionError as exc:
+                return {"verdict": "needs_review", "ename": "VerificationFailed",
+                        "message": "the kernel reported a pass, the grader's replay failed: "
+                                   + _first_lines(exc)}
+            except Exception as exc:                    # noqa: BLE001
+                return {"verdict": "needs_review", "ename": "VerificationFailed",
+                        "message": f"the grader's replay of {function} raised "
+                                   f"{type(exc).__name__}: {_first_lines(exc)}"}
+        if recording.unused_calls(context):
+            return {"verdict": "needs_review", "ename": "VerificationFailed",
+                    "message": "the record holds calls the check never made"}
+        forbidden = self._scan_verdict(calls, tainted(context.allowed))
+        if forbidden:
+            return forbidden
+        verdict = {"verdict": "pass", "message": "verified by the grader's replay",
+                   "replayed": True}
+        if isinstance(result, (int, float)) and not isinstance(result, bool):
+            verdict["partial"] = float(result)
+        return verdict
+
+
+def _parse_quiet(source):
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+def _top_level_names(source):
+    tree = _parse_quiet(source)
+    names = set()
+    if tree is None:
+        return names
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def _names_used(source):
+    tree = _parse_quiet(source)
+    if tree is None:
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _first_lines(exc, n=3):
+    text = str(exc).strip()
+    lines = text.splitlines()
+    return " ".join(lines[:n])[:1500] if lines else type(exc).__name__
