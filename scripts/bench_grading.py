@@ -1,0 +1,175 @@
+"""Throughput of grading a class: nbgrader's sequential ``autograde`` against the parallel
+``python -m autograde grade``, on the same submissions, in seconds per submission.
+
+    python scripts/bench_grading.py [--students 16] [--workers N] [--lab lab01_the_spec]
+                                    [--out results/grading_throughput.json]
+
+For each class measured, the script builds a throw-away course, runs ``nbgrader autograde``
+on one copy and the parallel command on another, checks that both gave every student the
+same score, and writes the timings with their provenance.  Classes:
+
+- ``fixture``: the test course's lab ``labfx`` (tests/fixtures/course), N students cycling
+  through a correct, a partly wrong and an empty submission;
+- ``--lab NAME`` (a lab of this repository): N students cycling through the source notebook
+  (full marks) and the untouched release (zero).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _env():
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _run(args, cwd, check=True):
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=_env(), capture_output=True,
+                          text=True)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _scores(course, assignment):
+    sys.path.insert(0, str(REPO))
+    from autograde.cli import report_rows
+    return {r["student_id"]: (r.get("score"), r["status"])
+            for r in report_rows(str(course), assignment)}
+
+
+def _fixture_class(base, students):
+    course = base / "course"
+    shutil.copytree(REPO / "tests" / "fixtures" / "course", course)
+    _run([BIN / "nbgrader", "generate_assignment", "labfx"], course)
+    sys.path.insert(0, str(REPO / "scripts"))
+    import make_synthetic_class as gen
+    cases = gen.build(str(course), 9)
+    kinds = ["correct", "partly_wrong", "empty"]
+    for i in range(students):
+        kind = kinds[i % len(kinds)]
+        folder = course / "submitted" / f"s{i:03d}_{kind}" / "labfx"
+        folder.mkdir(parents=True)
+        import nbformat
+        nbformat.write(cases[kind], folder / "labfx.ipynb")
+        (folder / "timestamp.txt").write_text(gen.TIMESTAMP)
+    return course, "labfx"
+
+
+def _lab_class(base, lab, students):
+    course = base / "course"
+    course.mkdir()
+    shutil.copy(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copytree(REPO / "assignments" / lab, course / "assignments" / lab)
+    _run([BIN / "nbgrader", "generate_assignment", lab], course)
+    for i in range(students):
+        kind = "solution" if i % 2 == 0 else "untouched"
+        folder = course / "submitted" / f"s{i:03d}_{kind}" / lab
+        folder.mkdir(parents=True)
+        src = course / ("assignments" if kind == "solution" else "release") / lab / f"{lab}.ipynb"
+        shutil.copy(src, folder / f"{lab}.ipynb")
+    return course, lab
+
+
+def measure(name, build, students, workers):
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
+        base = Path(tmp)
+        course, assignment = build(base, students)
+        twin = base / "twin"
+        shutil.copytree(course, twin)
+        started = time.monotonic()
+        _run([BIN / "nbgrader", "autograde", assignment], course, check=False)
+        sequential = time.monotonic() - started
+        started = time.monotonic()
+        cmd = [BIN / "python", "-m", "autograde", "grade", assignment, "--no-progress"]
+        if workers:
+            cmd += ["--workers", str(workers)]
+        proc = _run(cmd + ["--json", base / "summary.json"], twin)
+        parallel = time.monotonic() - started
+        summary = json.loads((base / "summary.json").read_text())
+        seq_scores, par_scores = _scores(course, assignment), _scores(twin, assignment)
+        return {
+            "class": name, "assignment": assignment, "submissions": students,
+            "sequential": {"command": f"nbgrader autograde {assignment}",
+                           "seconds": round(sequential, 2),
+                           "seconds_per_submission": round(sequential / students, 3)},
+            "parallel": {"command": "python " + " ".join(str(c) for c in cmd[1:]),
+                         "workers": summary["workers"], "seconds": round(parallel, 2),
+                         "seconds_per_submission": round(parallel / students, 3)},
+            "speedup": round(sequential / parallel, 2),
+            "load_average_1min": {"before": round(load_before, 2),
+                                  "after": round(os.getloadavg()[0], 2)},
+            "same_scores": seq_scores == par_scores,
+            "scores": {s: v[0] for s, v in sorted(seq_scores.items())},
+        }
+
+
+def provenance(argv):
+    import nbgrader
+    import torch
+    import triton
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        with open("/proc/meminfo") as fh:
+            mem = int(next(line.split()[1] for line in fh if line.startswith("MemTotal"))) // 1024
+    except (OSError, StopIteration):
+        mem = None
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python scripts/bench_grading.py " + " ".join(argv),
+            "host": {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "memory_mib": mem,
+                     "gpu": None if not torch.cuda.is_available() else
+                     torch.cuda.get_device_name(0)},
+            "python": platform.python_version(), "nbgrader": nbgrader.__version__,
+            "torch": torch.__version__, "triton": triton.__version__,
+            "note": "wall-clock seconds; each submission starts its own sandboxed kernel, "
+                    "which imports torch and triton; the machine may be shared (see each "
+                    "run's load average)"}
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--students", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--lab", action="append", default=[],
+                        help="also measure a lab of the repository (repeatable)")
+    parser.add_argument("--out", default=str(REPO / "results" / "grading_throughput.json"))
+    args = parser.parse_args(argv)
+    runs = [measure("fixture", _fixture_class, args.students, args.workers)]
+    for lab in args.lab:
+        runs.append(measure(lab, lambda base, n, lab=lab: _lab_class(base, lab, n),
+                            args.students, args.workers))
+    result = {"provenance": provenance(argv), "runs": runs}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for run in runs:
+        print(f"{run['class']}: {run['submissions']} submissions; sequential "
+              f"{run['sequential']['seconds_per_submission']} s/submission, parallel "
+              f"({run['parallel']['workers']} workers) "
+              f"{run['parallel']['seconds_per_submission']} s/submission; same scores: "
+              f"{run['same_scores']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
