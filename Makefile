@@ -25,4 +25,4 @@ test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
 
 clean:
-	rm -rf _build release submitted autograded feedback
+	rm -rf _build release submitted autograded feedback autograde_status
