@@ -3,6 +3,8 @@
 Importing this package picks Triton's CPU interpreter when no CUDA GPU is visible: the
 variable TRITON_INTERPRET must be set before any ``@triton.jit`` runs, so this happens here,
 before the kernel modules are imported.  Set TRITON_INTERPRET yourself to override.
+On a machine without a GPU, import this package first in a fresh process (before ``triton``
+and before defining kernels of your own), so that every kernel is defined in the same mode.
 """
 import os as _os
 
