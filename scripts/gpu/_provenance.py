@@ -84,3 +84,42 @@ def write_results(outdir: str, stem: str, payload: dict) -> Path:
     path = out / f"{stem}_{gpu_slug(payload['provenance']['gpu'])}.json"
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
+
+
+def lab_script_args(doc: str, script: str, argv=None):
+    """The command line shared by the labs' GPU scripts: OUTDIR, ``--budget-s`` (no new
+    measurement starts after it) and the hidden ``--dry-run-cpu`` (every code path on tiny
+    inputs in Triton's interpreter, never a result).  Picks the interpreter for a dry run and
+    otherwise insists on a GPU, then puts the repository on sys.path.  Returns
+    (args, dry, start time)."""
+    import argparse
+    import os
+    import time
+
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("outdir")
+    parser.add_argument("--budget-s", type=float, default=20.0)
+    parser.add_argument("--dry-run-cpu", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.dry_run_cpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        require_gpu(script)
+    repo_on_path()
+    return args, args.dry_run_cpu, time.perf_counter()
+
+
+def make_bench(dry: bool):
+    """bench(fn) -> microseconds: a ``triton.testing.do_bench`` median (L2 flushed between
+    runs) on a GPU; in a dry run, one call timed by the host clock (checks the code path)."""
+    import time
+
+    def bench(fn):
+        if dry:
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e6
+        from triton.testing import do_bench
+        return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+
+    return bench

@@ -18,32 +18,19 @@ file with "dry_run": true (for checking the script without a GPU; never a result
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from _provenance import provenance, repo_on_path, require_gpu
+from _provenance import lab_script_args, make_bench, provenance
 
 SCRIPT = "lab08_race.py"
 STEM = "lab08_race"
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("outdir")
-    parser.add_argument("--budget-s", type=float, default=20.0)
-    parser.add_argument("--dry-run-cpu", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    dry = args.dry_run_cpu
-    if dry:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    else:
-        require_gpu(SCRIPT)
-    repo_on_path()
-    start = time.perf_counter()
+    args, dry, start = lab_script_args(__doc__, SCRIPT, argv)
 
     import torch
     import source_kernels  # noqa: F401
@@ -53,13 +40,7 @@ def main(argv=None) -> int:
 
     device = "cpu" if dry else "cuda"
 
-    def bench(fn):
-        if dry:
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e6
-        from triton.testing import do_bench
-        return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+    bench = make_bench(dry)
 
     def left():
         return args.budget_s - (time.perf_counter() - start)

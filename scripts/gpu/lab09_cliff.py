@@ -25,14 +25,12 @@ the interpreter has no bf16 atomics) and writes the file with "dry_run": true.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from _provenance import provenance, repo_on_path, require_gpu
+from _provenance import lab_script_args, make_bench, provenance
 
 SCRIPT = "lab09_cliff.py"
 STEM = "lab09_cliff"
@@ -63,18 +61,7 @@ def crowd(args, spots, sigma_pixels=0.5, seed=1):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("outdir")
-    parser.add_argument("--budget-s", type=float, default=20.0)
-    parser.add_argument("--dry-run-cpu", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    dry = args.dry_run_cpu
-    if dry:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    else:
-        require_gpu(SCRIPT)
-    repo_on_path()
-    start = time.perf_counter()
+    args, dry, start = lab_script_args(__doc__, SCRIPT, argv)
 
     import torch
     import source_kernels  # noqa: F401
@@ -84,13 +71,7 @@ def main(argv=None) -> int:
 
     device = "cpu" if dry else "cuda"
 
-    def bench(fn):
-        if dry:
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e6
-        from triton.testing import do_bench
-        return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+    bench = make_bench(dry)
 
     def left():
         return args.budget_s - (time.perf_counter() - start)
