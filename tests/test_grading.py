@@ -526,3 +526,42 @@ def test_gpu_replay_results_if_measured():
         assert cases["torch_only"]["replay"].startswith("fail")
         assert cases["wrong_with_replaced_comparison"]["kernel"] == "pass"
         assert cases["wrong_with_replaced_comparison"]["replay"].startswith("fail")
+
+
+def test_feedback_goes_back_through_the_exchange_and_zip_collect_collects(tmp_path):
+    """The rest of the instructor's loop on the fixture course: one submission through the
+    exchange is autograded, its feedback released and fetched by the student (the HTML only);
+    and ``zip_collect`` files an archive of notebooks named <student>_<lab>.ipynb with the
+    pattern the README gives."""
+    _sandbox_or_skip()
+    course = tmp_path / "course"
+    shutil.copytree(FIXTURE, course)
+    (course / "exchange").mkdir()
+    _nbgrader("generate_assignment", ASSIGNMENT, cwd=course)
+    _nbgrader("release_assignment", ASSIGNMENT, cwd=course)
+    home = tmp_path / "home"
+    home.mkdir()
+    exchange = [f"--Exchange.root={course / 'exchange'}", "--CourseDirectory.course_id=fixture-course"]
+    _nbgrader("fetch_assignment", ASSIGNMENT, *exchange, cwd=home)
+    _nbgrader("submit", ASSIGNMENT, "--student=alice", *exchange, cwd=home)
+    _nbgrader("collect", ASSIGNMENT, cwd=course)
+    _nbgrader("autograde", ASSIGNMENT, cwd=course, timeout=600)
+    _nbgrader("generate_feedback", ASSIGNMENT, cwd=course)
+    _nbgrader("release_feedback", ASSIGNMENT, cwd=course)
+    _nbgrader("fetch_feedback", ASSIGNMENT, "--student=alice", *exchange, cwd=home)
+    fetched = list((home / ASSIGNMENT / "feedback").glob("*/*"))
+    assert [p.name for p in fetched] == ["labfx.html"], fetched
+    page = fetched[0].read_text()
+    assert "BEGIN HIDDEN TESTS" not in page and "fixture_checks" not in page
+
+    archive = course / "downloaded" / ASSIGNMENT / "archive"
+    archive.mkdir(parents=True)
+    released = course / "release" / ASSIGNMENT / "labfx.ipynb"
+    import zipfile
+    with zipfile.ZipFile(archive / "class.zip", "w") as bundle:
+        for student in ("bob", "carol"):
+            bundle.write(released, f"{student}_labfx.ipynb")
+    _nbgrader("zip_collect", ASSIGNMENT, "--FileNameCollectorPlugin.named_regexp="
+              r".*/(?P<student_id>[^/_]+)_(?P<file_id>labfx\.ipynb)", cwd=course)
+    for student in ("bob", "carol"):
+        assert (course / "submitted" / student / ASSIGNMENT / "labfx.ipynb").is_file(), student
