@@ -123,3 +123,29 @@ def make_bench(dry: bool):
         return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
 
     return bench
+
+
+def run_provenance(script: str, dry: bool) -> dict:
+    """``provenance(script)`` on a GPU; in a dry run, only what the CPU can say (the file
+    it produces is marked as a dry run and is never a result)."""
+    if not dry:
+        return provenance(script)
+    import torch
+    import triton
+
+    return {"gpu": "none (dry run in Triton's interpreter)", "torch": torch.__version__,
+            "triton": triton.__version__,
+            "command": " ".join(["python3", f"scripts/gpu/{script}", *sys.argv[1:]])}
+
+
+def results_saver(outdir: str, stem: str, payload: dict):
+    """(path, save): ``save()`` writes ``<outdir>/<stem>.json`` from ``payload`` as it stands.
+    Called after every measurement, so a run stopped by a time limit keeps its rows."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}.json"
+
+    def save():
+        path.write_text(json.dumps(payload, indent=1) + "\n")
+
+    return path, save

@@ -18,12 +18,10 @@ file with "dry_run": true (for checking the script without a GPU; never a result
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
-from _provenance import lab_script_args, make_bench, provenance
+from _provenance import lab_script_args, make_bench, results_saver, run_provenance
 
 SCRIPT = "lab08_race.py"
 STEM = "lab08_race"
@@ -45,14 +43,8 @@ def main(argv=None) -> int:
     def left():
         return args.budget_s - (time.perf_counter() - start)
 
-    payload = {"provenance": _provenance(dry), "scatter": [], "skipped": [], "dry_run": dry}
-    out = Path(args.outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{STEM}.json"
-
-    def save():
-        """Written after every measurement: a run stopped by a time limit keeps its rows."""
-        path.write_text(json.dumps(payload, indent=1) + "\n")
+    payload = {"provenance": run_provenance(SCRIPT, dry), "scatter": [], "skipped": [], "dry_run": dry}
+    path, save = results_saver(args.outdir, STEM, payload)
 
     n = 1 << (12 if dry else 20)
     block = 1024
@@ -98,15 +90,6 @@ def main(argv=None) -> int:
     print(f"wrote {path} in {time.perf_counter() - start:.1f} s")
     return 0
 
-
-def _provenance(dry: bool) -> dict:
-    if not dry:
-        return provenance(SCRIPT)
-    import torch
-    import triton
-    return {"gpu": "none (dry run in Triton's interpreter)", "torch": torch.__version__,
-            "triton": triton.__version__, "command": " ".join(["python3", f"scripts/gpu/{SCRIPT}",
-                                                              *sys.argv[1:]])}
 
 
 if __name__ == "__main__":

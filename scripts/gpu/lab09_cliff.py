@@ -25,12 +25,10 @@ the interpreter has no bf16 atomics) and writes the file with "dry_run": true.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
-from _provenance import lab_script_args, make_bench, provenance
+from _provenance import lab_script_args, make_bench, results_saver, run_provenance
 
 SCRIPT = "lab09_cliff.py"
 STEM = "lab09_cliff"
@@ -77,15 +75,9 @@ def main(argv=None) -> int:
         return args.budget_s - (time.perf_counter() - start)
 
     capability = [0, 0] if dry else list(torch.cuda.get_device_capability())
-    payload = {"provenance": _provenance(dry), "capability": capability, "rows": [],
+    payload = {"provenance": run_provenance(SCRIPT, dry), "capability": capability, "rows": [],
                "skipped": [], "dry_run": dry}
-    out = Path(args.outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{STEM}.json"
-
-    def save():
-        """Written after every measurement: a run stopped by a time limit keeps its rows."""
-        path.write_text(json.dumps(payload, indent=1) + "\n")
+    path, save = results_saver(args.outdir, STEM, payload)
 
     preset = PRESETS["decoder"]
     dtype = torch.float32 if dry else torch.bfloat16
@@ -134,15 +126,6 @@ def main(argv=None) -> int:
     print(f"wrote {path} in {time.perf_counter() - start:.1f} s")
     return 0
 
-
-def _provenance(dry: bool) -> dict:
-    if not dry:
-        return provenance(SCRIPT)
-    import torch
-    import triton
-    return {"gpu": "none (dry run in Triton's interpreter)", "torch": torch.__version__,
-            "triton": triton.__version__, "command": " ".join(["python3", f"scripts/gpu/{SCRIPT}",
-                                                              *sys.argv[1:]])}
 
 
 if __name__ == "__main__":
