@@ -31,7 +31,7 @@ import types
 from . import codec
 
 __all__ = ["MIME", "install_in_kernel", "next_seed", "session", "recording", "replaying",
-           "replay_launches", "derive_seed", "replay_check", "ReplayContext", "ReplayError",
+           "replay_launches", "watch_kernel_launches", "derive_seed", "replay_check", "ReplayContext", "ReplayError",
            "Proxy", "unused_calls"]
 
 MIME = "application/vnd.msda-autograde.record+json"
@@ -302,8 +302,9 @@ def _recorded_call(key, args, kwargs):
         _events.append(note)
 
 
-def _count_launches():
-    """Count Triton launches made inside recorded calls (compiled or interpreted)."""
+def watch_kernel_launches(on_launch):
+    """Call ``on_launch(kernel_name)`` for every Triton launch (``kernel[grid](...)``,
+    compiled or interpreted; warm-up compilations excluded) until the returned ``undo()``."""
     classes = []
     try:
         from triton.runtime.jit import JITFunction
@@ -322,9 +323,8 @@ def _count_launches():
             continue
 
         def run(self, *args, __original=original, **kwargs):
-            if _depth > 0 and not kwargs.get("warmup", False):
-                _launches[0] += 1
-                _launches[1].append(getattr(getattr(self, "fn", None), "__name__", "?"))
+            if not kwargs.get("warmup", False):
+                on_launch(getattr(getattr(self, "fn", None), "__name__", "?"))
             return __original(self, *args, **kwargs)
         cls.run = run
         originals.append((cls, original))
@@ -333,6 +333,15 @@ def _count_launches():
         for cls, original in originals:
             cls.run = original
     return undo
+
+
+def _count_launches():
+    """Count Triton launches made inside recorded calls (compiled or interpreted)."""
+    def seen(name):
+        if _depth > 0:
+            _launches[0] += 1
+            _launches[1].append(name)
+    return watch_kernel_launches(seen)
 
 
 # ------------------------------------------------------------------ in the grader

@@ -238,36 +238,16 @@ def count_kernel_launches():
             yield counter
         return
     counter = _LaunchCounter()
-    classes = []
-    try:
-        from triton.runtime.jit import JITFunction
-        classes.append(JITFunction)
-    except ImportError:                      # pragma: no cover
-        pass
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        classes.append(InterpretedFunction)
-    except ImportError:                      # pragma: no cover
-        pass
-    originals = []
-    for cls in classes:
-        original = cls.__dict__.get("run")
-        if original is None:
-            continue
 
-        def run(self, *args, __original=original, **kwargs):
-            if not kwargs.get("warmup", False):
-                counter.count += 1
-                counter.kernels.append(getattr(getattr(self, "fn", None), "__name__", "?"))
-            return __original(self, *args, **kwargs)
+    def seen(name):
+        counter.count += 1
+        counter.kernels.append(name)
 
-        originals.append((cls, original))
-        cls.run = run
+    undo = recording.watch_kernel_launches(seen)
     try:
         yield counter
     finally:
-        for cls, original in originals:
-            cls.run = original
+        undo()
 
 
 def requires_gpu(check):
