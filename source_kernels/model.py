@@ -49,7 +49,8 @@ from .op import multi_scale_deformable_attn
 from .reference import msda_grid_sample
 
 __all__ = ["CORES", "resolve_core", "use_core", "MSDeformAttn", "DeformableEncoderLayer",
-           "DeformableEncoder", "encoder_reference_points", "sine_position_embedding"]
+           "DeformableEncoder", "encoder_reference_points", "sine_position_embedding",
+           "jitter_offsets"]
 
 
 # ----------------------------------------------------------------------------- the cores
@@ -339,3 +340,23 @@ class DeformableEncoder(nn.Module):
             out = layer(out, pos, reference_points, spatial_shapes, level_start_index,
                         padding_mask)
         return out
+
+
+def jitter_offsets(model, seed, amount):
+    """Move every initial sampling offset by up to ``amount`` pixels.
+
+    Deformable DETR's initialisation puts the encoder's sampling points on whole-pixel
+    offsets from pixel centres, so they sit (up to rounding) exactly on the pixel grid, where
+    bilinear interpolation has a kink.  There the gradient with respect to a location is the
+    one-sided derivative of whichever side rounding picked, and two correct implementations
+    may pick different sides: the first step's location gradients then differ by O(1).  A
+    fraction of a pixel of jitter keeps every sample off the kinks, so a comparison of two
+    implementations tests the operator and not the rounding of the two coordinate formulas.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, MSDeformAttn):
+                bias = module.sampling_offsets.bias
+                noise = (torch.rand(bias.shape, generator=generator) * 2 - 1) * amount
+                bias.add_(noise.to(bias.device, bias.dtype))

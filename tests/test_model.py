@@ -25,7 +25,7 @@ import source_kernels  # noqa: F401  (interpreter switch before the kernels are 
 from source_kernels.inputs import level_start_index
 from source_kernels.reference import msda_grid_sample
 from source_kernels.model import (CORES, DeformableEncoder, MSDeformAttn,
-                                  encoder_reference_points, use_core)
+                                  encoder_reference_points, jitter_offsets, use_core)
 
 DEVICE_CPU = torch.device("cpu")
 
@@ -289,24 +289,6 @@ def shift_task(seed, shapes, batch, channels, device=DEVICE_CPU, dtype=torch.flo
     return src.to(device, dtype), torch.cat(targets, dim=1).to(device, dtype)
 
 
-def jitter_offsets(model, seed, amount):
-    """Move every initial sampling offset by up to ``amount`` pixels.
-
-    Deformable DETR's initialisation puts the encoder's sampling points on whole-pixel
-    offsets from pixel centres, so they sit (up to rounding) exactly on the pixel grid, where
-    bilinear interpolation has a kink.  There the gradient with respect to a location is the
-    one-sided derivative of whichever side rounding picked, and two correct implementations
-    may pick different sides: the first step's location gradients then differ by O(1).  A
-    fraction of a pixel of jitter keeps every sample off the kinks, so the comparison below
-    tests the operator and not the rounding of the two coordinate formulas.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, MSDeformAttn):
-                bias = module.sampling_offsets.bias
-                noise = (torch.rand(bias.shape, generator=generator) * 2 - 1) * amount
-                bias.add_(noise.to(bias.device, bias.dtype))
 
 
 def train(core, *, steps, shapes, batch, d_model, heads, points, layers, d_ffn, lr=3e-3,
@@ -343,7 +325,8 @@ def test_training_parity_triton_vs_grid_sample():
     1e-3 from the second step on (``test_training_parity_catches_a_lost_gradient``).
     AdamW is blind to a uniform rescaling of one parameter's gradient; the module parity
     test above, which compares gradients directly, is what catches that.  Without the offset
-    jitter (see ``jitter_offsets``) the two curves part by a few 1e-4 after one step.
+    jitter (see ``source_kernels.model.jitter_offsets``) the two curves part by a few 1e-4
+    after one step.
     """
     config = dict(steps=6, shapes=TRAIN_SHAPES, batch=1, d_model=16, heads=2, points=2,
                   layers=2, d_ffn=32)

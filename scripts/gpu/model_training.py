@@ -12,7 +12,7 @@ Writes OUTDIR/model_h200.json (copy it to results/model_h200.json) with:
   trained on synthetic data with the Triton core and with the grid_sample core from the
   same seeds: both loss curves, their largest relative gap per step, and that gap again
   from Deformable DETR's exact initialisation (no offset jitter; see
-  ``tests/test_model.py::jitter_offsets`` for why the two differ);
+  ``source_kernels.model.jitter_offsets`` for why the two differ);
 - ``step_time``: milliseconds per training step (forward, backward, AdamW) of each core, in
   fp32 and under bf16 autocast, on the 800 x 1333 pyramid of the benchmark presets, and the
   peak memory of each;
@@ -49,7 +49,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from source_kernels.inputs import level_start_index, pyramid_shapes  # noqa: E402
-from source_kernels.model import DeformableEncoder, MSDeformAttn  # noqa: E402
+from source_kernels.model import DeformableEncoder, MSDeformAttn, jitter_offsets  # noqa: E402
 
 DEVICE = torch.device("cuda")
 CORES = ("triton", "grid_sample")
@@ -130,15 +130,6 @@ def shift_task(seed, shapes, starts, batch, channels):
         targets.append(shifted.reshape(batch, height * width, channels))
     return src.to(DEVICE), torch.cat(targets, dim=1).to(DEVICE)
 
-
-def jitter_offsets(model, seed, amount):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, MSDeformAttn):
-                bias = module.sampling_offsets.bias
-                noise = (torch.rand(bias.shape, generator=generator) * 2 - 1) * amount
-                bias.add_(noise.to(bias.device, bias.dtype))
 
 
 def build(core, cfg, seed=0, jitter=0.25):
