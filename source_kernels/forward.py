@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launch
 from .sampling import corner_tile, pixel_corners
 from .tiled import _msda_forward_tiled_kernel
 
@@ -152,24 +153,15 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     num_warps = num_warps or cfg_warps
     acc_dtype = tl.float64 if value.dtype == torch.float64 else tl.float32
     grid = (triton.cdiv(queries, block_q), batch * heads)
-    common = dict(L=levels, K=points, BLOCK_Q=block_q, BLOCK_D=triton.next_power_of_2(channels),
-                  ACC_DTYPE=acc_dtype, num_warps=num_warps)
+    constexprs = dict(L=levels, K=points, BLOCK_Q=block_q,
+                      BLOCK_D=triton.next_power_of_2(channels), ACC_DTYPE=acc_dtype)
     args = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
             out, value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
-    with torch.cuda.device(value.device) if value.is_cuda else _nullcontext():
-        if kernel == "tiled":
-            _msda_forward_tiled_kernel[grid](*args, LK_PAD=triton.next_power_of_2(levels * points),
-                                             **common)
-        elif kernel == "loop":
-            _msda_forward_kernel[grid](*args, **common)
-        else:
-            raise ValueError(f"kernel must be 'loop' or 'tiled', got {kernel!r}")
+    if kernel == "tiled":
+        constexprs["LK_PAD"] = triton.next_power_of_2(levels * points)
+        launch(_msda_forward_tiled_kernel, grid, args, constexprs, num_warps)
+    elif kernel == "loop":
+        launch(_msda_forward_kernel, grid, args, constexprs, num_warps)
+    else:
+        raise ValueError(f"kernel must be 'loop' or 'tiled', got {kernel!r}")
     return out
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -17,7 +17,7 @@ from .common import forbid_references, fresh_generator
 
 # the forward and backward launchers (chips of labs 05 and 08) and the helpers they use
 KERNEL_MODULES = ("source_kernels.forward", "source_kernels.backward", "source_kernels.sampling",
-                  "source_kernels.tiled")
+                  "source_kernels.tiled", "source_kernels.launch")
 ARGS = op.ARG_NAMES
 
 
