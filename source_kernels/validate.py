@@ -18,6 +18,7 @@ __all__ = ["validate_inputs", "FLOAT_DTYPES"]
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INT_DTYPES = (torch.int32, torch.int64)
 _checked_contents: dict = {}
+_valid_signatures: dict = {}     # (shape, dtype, device) of each argument, found valid once
 
 
 def _require_tensor(name, t):
@@ -64,9 +65,36 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
     Shapes: value (B, S, M, D); value_spatial_shapes (L, 2) integer; value_level_start_index
     (L,) integer; sampling_locations (B, Q, M, L, K, 2); attention_weights (B, Q, M, L, K).
     value, sampling_locations and attention_weights share one floating dtype; all five
-    tensors share one device.  Written to cost a few microseconds of host time per call:
-    every eager call of the operator pays it.
+    tensors share one device.  Every eager call of the operator pays for this, so a
+    signature (each argument's shape, dtype and device) found valid once is remembered and
+    its checks are skipped next time; the contents check has its own memory (see above).
     """
+    tensors = (value, value_spatial_shapes, value_level_start_index, sampling_locations,
+               attention_weights)
+    signature = None
+    if (all(isinstance(t, torch.Tensor) for t in tensors) and type(im2col_step) is int
+            and not torch.compiler.is_compiling()):
+        signature = tuple((t.shape, t.dtype, t.device) for t in tensors) + (im2col_step,)
+    if signature is None or signature not in _valid_signatures:
+        _check_signature(*tensors, im2col_step)
+        if signature is not None:
+            if len(_valid_signatures) > 256:
+                _valid_signatures.clear()
+            _valid_signatures[signature] = True
+    total = value.shape[1]
+    if not check_contents:
+        return
+    if value.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if _contents_already_checked(value_spatial_shapes, value_level_start_index, total):
+        return
+    _check_contents(value_spatial_shapes, value_level_start_index, total)
+    _remember_contents(value_spatial_shapes, value_level_start_index, total)
+
+
+def _check_signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+                     attention_weights, im2col_step):
+    """The shape, dtype and device checks, each error naming its argument."""
     names = ("value", "value_spatial_shapes", "value_level_start_index",
              "sampling_locations", "attention_weights")
     tensors = (value, value_spatial_shapes, value_level_start_index, sampling_locations,
@@ -119,15 +147,6 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
             or attn_shape != (batch, queries, heads, levels, points)):
         _explain_shape_error(value_shape, shapes_shape, value_level_start_index.shape,
                              loc_shape, attn_shape)
-
-    if not check_contents:
-        return
-    if value.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    if _contents_already_checked(value_spatial_shapes, value_level_start_index, total):
-        return
-    _check_contents(value_spatial_shapes, value_level_start_index, total)
-    _remember_contents(value_spatial_shapes, value_level_start_index, total)
 
 
 def _explain_shape_error(value_shape, shapes_shape, starts_shape, loc_shape, attn_shape):
