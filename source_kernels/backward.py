@@ -44,7 +44,7 @@ BWD_NUM_WARPS = 4
 # The operator's plan per regime and element size (see forward.FORWARD_PLAN): (kernel,
 # BLOCK_Q, num_warps), fixed from the same sweep.
 BACKWARD_PLAN = {
-    ("small", 2): ("loop", 32, 4), ("small", 4): ("tiled", 4, 8),
+    ("small", 2): ("tiled", 1, 2), ("small", 4): ("loop", 8, 2),
     ("large", 2): ("tiled", 1, 1), ("large", 4): ("tiled", 1, 2),
 }
 

@@ -109,7 +109,7 @@ def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
 # tiled._msda_forward_tiled_kernel (all samples of a query in one tile).  Small problems are
 # bound by memory latency, large ones by the rate of gathers.
 FORWARD_PLAN = {
-    ("small", 2): ("loop", 32, 4), ("small", 4): ("loop", 16, 4),
+    ("small", 2): ("tiled", 1, 1), ("small", 4): ("tiled", 1, 1),
     ("large", 2): ("loop", 16, 2), ("large", 4): ("loop", 16, 4),
 }
 LARGE_ROWS = 2 ** 17          # B*Q*M above which a call counts as "large"
