@@ -272,10 +272,11 @@ REGIME_PRESET = {"small": "decoder", "large": "encoder"}
 
 
 def sweep(progress, presets=("decoder", "encoder"), distributions=("uniform",),
-          dtypes=("bf16", "fp32")):
+          dtypes=("bf16", "fp32"), on_row=lambda rows: None):
     """Launch-configuration sweep of both kernels (loop, tiled) forward and backward; each
     timing is the profiler's median device time with L2 flushed (``_profiled_device_us``),
-    beside the do_bench median.  Returns the rows."""
+    beside the do_bench median.  Returns the rows; ``on_row(rows)`` sees them after each
+    new one (so a run cut short by a time limit still leaves its rows in the file)."""
     import triton.testing
 
     from .backward import msda_backward
@@ -315,6 +316,7 @@ def sweep(progress, presets=("decoder", "encoder"), distributions=("uniform",),
                                         "dtype": dtype_name, "block_q": block_q,
                                         "num_warps": warps, "us": us,
                                         "do_bench_us": bench_us})
+                        on_row(results)
                         progress(f"  sweep {direction:<8} {preset:<8} {distribution:<8} "
                                  f"{dtype_name} {kernel:<5} q{block_q:<3} w{warps}: "
                                  f"{us:9.1f} us device ({bench_us:7.1f} do_bench)")
@@ -453,7 +455,8 @@ def main(argv=None) -> int:
     progress(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     if args.sweep:
         result["sweep"] = sweep(progress, args.sweep_presets, args.sweep_distributions,
-                                args.sweep_dtypes)
+                                args.sweep_dtypes,
+                                on_row=lambda rows: _write(args.out, dict(result, sweep=rows)))
         result["plan"] = plan_from_sweep(result["sweep"])
         apply_plan(result["plan"])
         progress(f"plan from the sweep: {json.dumps(result['plan'])}")

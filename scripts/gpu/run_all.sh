@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
-# Everything this repository measures on a GPU, in two halves that each fit a 10-minute run:
-#   checks: the GPU tests (operator, spec, launch path, model; the two-GPU tests where two
-#           GPUs are visible), the launch-configuration sweep -> results/sweep_h200.json and
-#           the plan it chooses (applied to source_kernels/ for what follows), and the
-#           hardware (PTX/SASS, atomics) and grading-replay scripts;
-#   bench:  the benchmark of every preset, distribution and dtype beside the grid_sample
-#           reference -> results/bench_h200.json, the model's training run, the labs' GPU
-#           scripts, and Nsight Compute counters of the main cases -> results/ncu_h200.csv.
-# Usage: OUT=dir bash scripts/gpu/run_all.sh [checks] [bench]   (no argument: both)
-#   -> $OUT/gpu_run.tgz holding results/ and logs/.  Each step has its own time limit and
-#   the whole call one (BUDGET seconds, default 570), so the archive is always written.
-# Results and the Triton cache are kept in .gpu_state/ (ignored by git), so that a "bench"
-# call on the same machine after a "checks" call runs the plan that sweep chose.
+# Everything this repository measures on a GPU, as parts (about 20 minutes in all on an H200
+# host whose CPU compiles a loop kernel in 10-20 s):
+#   tests:   the GPU tests (operator, spec, launch path, model; the two-GPU tests where two
+#            GPUs are visible);
+#   sweep:   the launch-configuration sweep -> results/sweep_h200.json, and the plan it
+#            chooses written into source_kernels/ for the parts after it;
+#   scripts: PTX/SASS and atomics (hardware.py), the grader's replay on a GPU;
+#   bench:   every preset, distribution and dtype beside the grid_sample reference
+#            -> results/bench_h200.json;
+#   model:   the model's training parity, step time, dispatch, compile and CUDA graph;
+#   labs:    the labs' GPU scripts (tiling, the bf16 cliff);
+#   ncu:     Nsight Compute counters of the main cases -> results/ncu_h200.csv.
+# Usage: OUT=dir bash scripts/gpu/run_all.sh [PART ...]   (no argument: all, in this order)
+#   -> $OUT/gpu_run_<parts>.tgz holding results/ and logs/.  Each step has its own time
+#   limit and the whole call one (BUDGET seconds, default 570), so the archive is always
+#   written.  Results and the Triton cache are kept in .gpu_state/ (ignored by git), so a
+#   later call on the same machine finds them.
 set -u
 OUT=${OUT:-/tmp/gpu_out}
 STATE=$PWD/.gpu_state
 mkdir -p "$STATE/results" "$STATE/logs" "$OUT"
 export TRITON_CACHE_DIR=$STATE/triton_cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 if [ "${1:-}" != "--inner" ]; then
-  [ $# -eq 0 ] && set -- checks bench
+  [ $# -eq 0 ] && set -- tests sweep scripts bench model labs ncu
   timeout "${BUDGET:-570}" bash "$0" --inner "$@"
   echo "steps ended with exit $?"
-  tar -czf "$OUT/gpu_run.tgz" -C "$STATE" results logs && ls -la "$OUT"
+  tar -czf "$OUT/gpu_run_$(echo "$@" | tr ' ' '_').tgz" -C "$STATE" results logs && ls -la "$OUT"
   exit 0
 fi
 shift
@@ -43,28 +47,39 @@ apply_plan() {
 
 for part in "$@"; do
   case "$part" in
-  checks)
-    run gpu_tests 200 python3 -m pytest tests/test_operator.py tests/test_spec.py \
-      tests/test_launch.py tests/test_model.py -q -p no:cacheprovider -n 8 -rs
+  tests)
+    run gpu_tests 230 python3 -m pytest tests/test_operator.py tests/test_spec.py \
+      tests/test_launch.py tests/test_model.py -p no:cacheprovider -n "${TEST_WORKERS:-8}" \
+      -v --tb=short -rfs --timeout 170
+    ;;
+  sweep)
     run sweep 260 python3 -m source_kernels.bench --sweep --no-bench --out "$R/sweep_h200.json"
     apply_plan
+    ;;
+  scripts)
     run hardware 70 python3 scripts/gpu/hardware.py "$R" --budget-s 50
     run grading_replay 40 python3 scripts/gpu/grading_replay.py "$R"
     ;;
   bench)
     apply_plan
     run bench 330 python3 -m source_kernels.bench --fast --out "$R/bench_h200.json"
+    ;;
+  model)
     run model_training 90 python3 scripts/gpu/model_training.py "$R"
+    ;;
+  labs)
     for name in lab06_tiling lab09_cliff; do
       run "$name" 45 python3 "scripts/gpu/$name.py" "$R" --budget-s 30
     done
+    ;;
+  ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     step ncu
     timeout 60 "$NCU" --clock-control none --csv -k regex:_msda \
       --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sectors_op_read.sum,lts__t_sectors_op_atom.sum,lts__t_sectors_op_red.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,launch__registers_per_thread,launch__occupancy_limit_registers \
       python3 scripts/gpu/ncu_cases.py > "$R/ncu_h200.csv" 2> "$L/ncu.err"; echo "ncu exit $?"; tail -3 "$L/ncu.err"
     ;;
-  *) echo "unknown part $part (checks, bench)"; exit 2 ;;
+  *) echo "unknown part $part"; exit 2 ;;
   esac
 done
 step done
