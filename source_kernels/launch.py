@@ -43,11 +43,16 @@ def _specialisation(args):
     return tuple(key)
 
 
+def _hook_set(hook) -> bool:
+    """A launch hook that would run: a plain callable, or a HookChain with calls in it."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _hooks_active() -> bool:
     """Whether something watches launches: Triton's launch hooks, or a patched run()."""
     runtime = _KNOBS.runtime if _KNOBS is not None else None
-    return (runtime is None or runtime.launch_enter_hook is not None
-            or runtime.launch_exit_hook is not None
+    return (runtime is None or _hook_set(runtime.launch_enter_hook)
+            or _hook_set(runtime.launch_exit_hook)
             or JITFunction.__dict__.get("run") is not _ORIGINAL_RUN)
 
 
