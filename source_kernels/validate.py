@@ -9,6 +9,7 @@ and skipped while a CUDA graph is being captured (a copy to the host is not allo
 """
 from __future__ import annotations
 
+import os
 import weakref
 
 import torch
@@ -121,6 +122,11 @@ def _check_signature(value, value_spatial_shapes, value_level_start_index, sampl
         if other is not device and other != device:
             raise ValueError(f"{name} is on {other} but value is on {device}: "
                              "all inputs must be on one device")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise ValueError("value is on the CPU, but this process compiles the kernels for the "
+                         "GPU (TRITON_INTERPRET is off): move the inputs to a CUDA device, or "
+                         "set TRITON_INTERPRET=1 before importing source_kernels to run them "
+                         "in Triton's interpreter")
     if isinstance(im2col_step, bool) or not isinstance(im2col_step, int) or im2col_step <= 0:
         raise ValueError(f"im2col_step must be a positive int, got {im2col_step!r}")
 

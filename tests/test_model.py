@@ -28,6 +28,9 @@ from source_kernels.model import (CORES, DeformableEncoder, MSDeformAttn,
                                   encoder_reference_points, jitter_offsets, use_core)
 
 DEVICE_CPU = torch.device("cpu")
+# The small cases run on the GPU when there is one (the compiled kernels need CUDA tensors)
+# and on the CPU through Triton's interpreter otherwise.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -47,7 +50,7 @@ def randomise_heads(module: MSDeformAttn, generator, offset_std=0.5, weight_std=
 
 
 def module_case(*, d_model, heads, points, shapes, queries, batch, dtype, ref_dim, masked,
-                device=DEVICE_CPU, seed=0):
+                device=DEVICE, seed=0):
     """A module with random heads and its inputs, as (module, args)."""
     generator = torch.Generator().manual_seed(seed)
     spatial_shapes, starts = pyramid(shapes, device)
@@ -256,9 +259,11 @@ def test_autocast_keeps_locations_in_fp32():
 
     module = MSDeformAttn(16, 2, 2, 2, core=spy)
     randomise_heads(module, torch.Generator().manual_seed(2))
-    spatial_shapes, starts = pyramid([[4, 5], [2, 3]])
-    query, x, ref = torch.randn(1, 6, 16), torch.randn(1, 26, 16), torch.rand(1, 6, 2, 2)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    module.to(DEVICE)
+    spatial_shapes, starts = pyramid([[4, 5], [2, 3]], device=DEVICE)
+    query, x, ref = (torch.randn(1, 6, 16, device=DEVICE), torch.randn(1, 26, 16, device=DEVICE),
+                     torch.rand(1, 6, 2, 2, device=DEVICE))
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         out = module(query, ref, x, spatial_shapes, starts)
         module.core = "grid_sample"
         expected = module(query, ref, x, spatial_shapes, starts)
@@ -292,7 +297,7 @@ def shift_task(seed, shapes, batch, channels, device=DEVICE_CPU, dtype=torch.flo
 
 
 def train(core, *, steps, shapes, batch, d_model, heads, points, layers, d_ffn, lr=3e-3,
-          device=DEVICE_CPU, seed=0, jitter=0.25):
+          device=DEVICE, seed=0, jitter=0.25):
     """Fit encoder + linear head to one batch of ``shift_task`` with AdamW; returns the
     loss of every step."""
     torch.manual_seed(seed)
@@ -393,4 +398,6 @@ def test_module_under_torch_compile_gpu():
     module, args = module_case(**spec)
     eager = module(*args)
     compiled = torch.compile(module, fullgraph=True)
-    torch.testing.assert_close(compiled(*args), eager, rtol=1e-5, atol=1e-5)
+    # The operator is the same kernel either way; the projections around it are inductor's
+    # fused kernels under compile, which round differently: 1e-4, as the GPU parity test.
+    torch.testing.assert_close(compiled(*args), eager, rtol=1e-4, atol=1e-4)

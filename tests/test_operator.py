@@ -363,6 +363,13 @@ def test_gpu_launch_follows_the_inputs_device():
 
 
 @pytest.mark.gpu
+def test_gpu_cpu_inputs_get_a_clear_error():
+    """With a GPU the kernels are compiled for it: CPU tensors are refused by name."""
+    with pytest.raises(ValueError, match="value is on the CPU"):
+        sk.multi_scale_deformable_attn(**inputs(device="cpu"))
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_gpu_second_device_matches_first():
     results = []
