@@ -28,6 +28,19 @@ def _package_dirs(names):
     return dirs
 
 
+def _libcuda_dir():
+    """The folder of libcuda.so.1, found here the way Triton finds it (TRITON_LIBCUDA_PATH,
+    else ``ldconfig -p``), for kernels in the sandbox; None where there is none."""
+    if os.environ.get("TRITON_LIBCUDA_PATH"):
+        return os.environ["TRITON_LIBCUDA_PATH"]
+    try:
+        from triton.backends.nvidia.driver import libcuda_dirs
+        dirs = libcuda_dirs()
+    except Exception:                      # noqa: BLE001  (no CUDA driver on this host)
+        return None
+    return os.path.realpath(dirs[0]) if dirs else None
+
+
 def _remove_stale():
     """Folders of graders that were killed before they could clean up (their pid is gone)."""
     base = tempfile.gettempdir()
@@ -97,6 +110,10 @@ class KernelSetup:
             for key in ("CUDA_HOME", "LD_LIBRARY_PATH", "TRITON_PTXAS_PATH"):
                 if os.environ.get(key):
                     env[key] = os.environ[key]
+            libcuda = _libcuda_dir()
+            if libcuda:
+                # Triton looks libcuda up with `ldconfig -p`, which cannot run in the sandbox
+                env["TRITON_LIBCUDA_PATH"] = libcuda
         extra = [os.path.realpath(p) for p in s.extra_python_paths if os.path.isdir(p)]
         if extra:
             env["PYTHONPATH"] = ":".join(extra)
@@ -109,6 +126,8 @@ class KernelSetup:
         ro = [os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)]
         ro += _package_dirs(["source_kernels", "autograde"]) + extra
         ro += [p for p in s.extra_ro_paths if os.path.exists(p)]
+        if env.get("TRITON_LIBCUDA_PATH"):
+            ro.append(env["TRITON_LIBCUDA_PATH"])
         limits = {"memory_mb": s.memory_mb if self.environment == "cpu" else 0,
                   "processes": s.processes, "cpu_seconds": s.cpu_seconds,
                   "file_mb": s.file_mb, "open_files": s.open_files}
