@@ -76,7 +76,7 @@ def launch(kernel, grid, args, constexprs: dict, num_warps: int):
         with torch.cuda.device(args[0].device):
             launch(kernel, grid, args, constexprs, num_warps)
         return
-    if _hooks_active():
+    if _hooks_active() or not isinstance(kernel, JITFunction):
         kernel[grid](*args, **constexprs, num_warps=num_warps)
         return
     key = (kernel, device, num_warps, tuple(constexprs.items()), _specialisation(args))
