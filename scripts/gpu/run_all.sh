@@ -9,6 +9,10 @@
 #   bench:   every preset, distribution and dtype beside the grid_sample reference
 #            -> results/bench_h200.json;
 #   model:   the model's training parity, step time, dispatch, compile and CUDA graph;
+#   limits:  what bounds a decoder forward (an empty kernel, the bare corner-row gather) and
+#            where the host time of one eager call goes;
+#   grading: the synthetic class graded on this GPU (scripts/gpu/grade_class.sh; nbgrader
+#            travels as wheels in .whl);
 #   labs:    the labs' GPU scripts (tiling, the bf16 cliff);
 #   ncu:     Nsight Compute counters of the main cases -> results/ncu_h200.csv.
 # Usage: OUT=dir bash scripts/gpu/run_all.sh [PART ...]   (no argument: all, in this order)
@@ -22,7 +26,7 @@ STATE=$PWD/.gpu_state
 mkdir -p "$STATE/results" "$STATE/logs" "$OUT"
 export TRITON_CACHE_DIR=$STATE/triton_cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 if [ "${1:-}" != "--inner" ]; then
-  [ $# -eq 0 ] && set -- tests sweep scripts bench model labs ncu
+  [ $# -eq 0 ] && set -- tests sweep scripts bench model limits labs ncu grading
   timeout "${BUDGET:-570}" bash "$0" --inner "$@"
   echo "steps ended with exit $?"
   tar -czf "$OUT/gpu_run_$(echo "$@" | tr ' ' '_').tgz" -C "$STATE" results logs && ls -la "$OUT"
@@ -57,7 +61,7 @@ for part in "$@"; do
     apply_plan
     ;;
   scripts)
-    run hardware 70 python3 scripts/gpu/hardware.py "$R" --budget-s 50
+    run hardware 130 python3 scripts/gpu/hardware.py "$R" --budget-s 100
     run grading_replay 40 python3 scripts/gpu/grading_replay.py "$R"
     ;;
   bench)
@@ -65,7 +69,17 @@ for part in "$@"; do
     run bench 330 python3 -m source_kernels.bench --fast --out "$R/bench_h200.json"
     ;;
   model)
-    run model_training 90 python3 scripts/gpu/model_training.py "$R"
+    run model_training 200 python3 scripts/gpu/model_training.py "$R"
+    ;;
+  limits)
+    run decoder_limits 60 python3 scripts/gpu/decoder_limits.py "$R"
+    run dispatch_profile 60 python3 scripts/gpu/dispatch_profile.py "$R"
+    ;;
+  grading)
+    # needs nbgrader: carry .whl (see scripts/gpu/grade_class.sh)
+    step grading
+    OUT=$R BUDGET_S=200 timeout 240 bash scripts/gpu/grade_class.sh > "$L/grading.log" 2>&1
+    echo "exit $?" >> "$L/grading.log"; tail -3 "$L/grading.log"
     ;;
   labs)
     for name in lab06_tiling lab09_cliff; do
