@@ -372,7 +372,9 @@ def dispatch_case(case, core, iters):
             compiled = torch.compile(module, mode=mode, fullgraph=(core == "triton"))
             with torch.no_grad():
                 t0 = time.perf_counter()
-                got = compiled(*args)
+                # a copy: under "reduce-overhead" the output lives in the CUDA graph's memory,
+                # which the timed runs below overwrite
+                got = compiled(*args).clone()
                 torch.cuda.synchronize()
                 compile_s = time.perf_counter() - t0
 
