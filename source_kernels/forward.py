@@ -104,7 +104,7 @@ def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
 
 
 # Launch plan for the operator, chosen by the H200 sweep that source_kernels.bench records in
-# results/bench_h200.json ("plan"): (kernel, BLOCK_Q, num_warps) per regime and element size.
+# results/sweep_h200.json ("plan"): (kernel, BLOCK_Q, num_warps) per regime and element size.
 # "loop" is _msda_forward_kernel above (samples one after another); "tiled" is
 # tiled._msda_forward_tiled_kernel (all samples of a query in one tile).  Small problems are
 # bound by memory latency, large ones by the rate of gathers.
