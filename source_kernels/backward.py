@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .forward import regime
-from .launch import launch
+from .launch import cdiv, launch, next_power_of_2
 from .sampling import corner_tile, pixel_corners
 from .tiled import _msda_backward_tiled_kernel
 
@@ -202,14 +202,14 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     num_warps = num_warps or BWD_NUM_WARPS
     if grad_attn.numel() > 0 and value.numel() > 0:
         acc_dtype = tl.float64 if value.dtype == torch.float64 else tl.float32
-        grid = (triton.cdiv(queries, block_q), batch * heads)
+        grid = (cdiv(queries, block_q), batch * heads)
         constexprs = dict(L=levels, K=points, BLOCK_Q=block_q,
-                          BLOCK_D=triton.next_power_of_2(channels), ACC_DTYPE=acc_dtype)
+                          BLOCK_D=next_power_of_2(channels), ACC_DTYPE=acc_dtype)
         args = (grad_output.contiguous(), value, spatial_shapes, level_start_index,
                 sampling_locations, attention_weights, grad_value, grad_loc, grad_attn,
                 value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
         if kernel == "tiled":
-            constexprs["LK_PAD"] = triton.next_power_of_2(levels * points)
+            constexprs["LK_PAD"] = next_power_of_2(levels * points)
             launch(_msda_backward_tiled_kernel, grid, args, constexprs, num_warps)
         elif kernel == "loop":
             launch(_msda_backward_kernel, grid, args, constexprs, num_warps)

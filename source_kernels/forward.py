@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import launch
+from .launch import cdiv, launch, next_power_of_2
 from .sampling import corner_tile, pixel_corners
 from .tiled import _msda_forward_tiled_kernel
 
@@ -98,7 +98,7 @@ def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
     results/sweep_first_look_h200.json (bf16, D = 32), 32 queries on 4 warps was fastest on
     the decoder preset and within 1% of the fastest on the encoder.  The tile keeps about
     1024 elements, so wider rows get fewer queries per program."""
-    block_d = triton.next_power_of_2(max(channels, 1))
+    block_d = next_power_of_2(max(channels, 1))
     block_q = max(16, min(32, 1024 // block_d))
     return block_q, 4
 
@@ -152,13 +152,13 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     block_q = block_q or cfg_q
     num_warps = num_warps or cfg_warps
     acc_dtype = tl.float64 if value.dtype == torch.float64 else tl.float32
-    grid = (triton.cdiv(queries, block_q), batch * heads)
+    grid = (cdiv(queries, block_q), batch * heads)
     constexprs = dict(L=levels, K=points, BLOCK_Q=block_q,
-                      BLOCK_D=triton.next_power_of_2(channels), ACC_DTYPE=acc_dtype)
+                      BLOCK_D=next_power_of_2(channels), ACC_DTYPE=acc_dtype)
     args = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
             out, value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
     if kernel == "tiled":
-        constexprs["LK_PAD"] = triton.next_power_of_2(levels * points)
+        constexprs["LK_PAD"] = next_power_of_2(levels * points)
         launch(_msda_forward_tiled_kernel, grid, args, constexprs, num_warps)
     elif kernel == "loop":
         launch(_msda_forward_kernel, grid, args, constexprs, num_warps)

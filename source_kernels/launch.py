@@ -21,9 +21,8 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-__all__ = ["launch"]
+__all__ = ["launch", "cdiv", "next_power_of_2"]
 
-_INT32 = range(-2 ** 31, 2 ** 31)
 _compiled: dict = {}
 
 
@@ -31,15 +30,37 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints.  (triton.cdiv is a constexpr function: a couple of microseconds
+    per call from Python, paid on every launch.)"""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), as triton.next_power_of_2, for ints."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def _specialisation(args):
     """What Triton specialises a compiled kernel on, for each runtime argument: a tensor's
-    dtype and 16-byte alignment; an int's class (== 1, divisible by 16, int32, uint64)."""
+    dtype and 16-byte alignment; an int's class (== 1, divisible by 16, int32, int64 or
+    uint64); anything else by its type and value."""
     key = []
     for arg in args:
-        if isinstance(arg, torch.Tensor):
-            key.append((arg.dtype, arg.data_ptr() % 16 == 0))
+        if type(arg) is int:
+            if arg == 1:
+                key.append(1)
+            elif -2 ** 31 <= arg < 2 ** 31:
+                key.append(0 if arg & 15 else 16)
+            elif arg < 2 ** 63:
+                key.append(2 if arg & 15 else 17)
+            else:
+                key.append(3 if arg & 15 else 18)
+        elif isinstance(arg, torch.Tensor):
+            key.append(arg.dtype)
+            key.append(not arg.data_ptr() & 15)
         else:
-            key.append((arg == 1, arg % 16 == 0, arg in _INT32, arg >= 2 ** 63))
+            key.append((type(arg), arg))
     return tuple(key)
 
 

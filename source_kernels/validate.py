@@ -73,9 +73,18 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
     tensors = (value, value_spatial_shapes, value_level_start_index, sampling_locations,
                attention_weights)
     signature = None
-    if (all(isinstance(t, torch.Tensor) for t in tensors) and type(im2col_step) is int
-            and not torch.compiler.is_compiling()):
-        signature = tuple((t.shape, t.dtype, t.device) for t in tensors) + (im2col_step,)
+    tensor = torch.Tensor
+    if (isinstance(value, tensor) and isinstance(value_spatial_shapes, tensor)
+            and isinstance(value_level_start_index, tensor)
+            and isinstance(sampling_locations, tensor) and isinstance(attention_weights, tensor)
+            and type(im2col_step) is int and not torch.compiler.is_compiling()):
+        signature = (value.shape, value.dtype, value.device, value_spatial_shapes.shape,
+                     value_spatial_shapes.dtype, value_spatial_shapes.device,
+                     value_level_start_index.shape, value_level_start_index.dtype,
+                     value_level_start_index.device, sampling_locations.shape,
+                     sampling_locations.dtype, sampling_locations.device,
+                     attention_weights.shape, attention_weights.dtype,
+                     attention_weights.device, im2col_step)
     if signature is None or signature not in _valid_signatures:
         _check_signature(*tensors, im2col_step)
         if signature is not None:
