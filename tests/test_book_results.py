@@ -91,7 +91,14 @@ def test_bench_file_has_what_the_chapters_read():
     for row in measured:
         _has(row, ["preset", "distribution", "dtype", "impl", "direction", "kernel_us",
                    "graph_us", "dispatch_us", "floor_us", "rows_per_s"], "row")
-    for row in data.get("sweep", []):
+
+
+def test_sweep_file_has_what_the_chapters_read():
+    data = _load("sweep_h200.json")
+    _has(data, ["provenance", "sweep", "plan"], "file")
+    _has(data["provenance"], ["gpu", "date", "command"], "provenance")
+    assert data["sweep"], "no sweep row"
+    for row in data["sweep"]:
         _has(row, ["kernel", "variant", "preset", "dtype", "block_q", "num_warps", "us"],
              "sweep row")
 
@@ -132,7 +139,9 @@ def _synthetic_results(folder: Path) -> None:
               "dtype": "bf16", "block_q": q, "num_warps": w, "us": float(next(value))}
              for k in ("forward", "backward") for v, q, w in (("loop", 16, 4), ("tiled", 2, 4))]
     (folder / "bench_h200.json").write_text(json.dumps({
-        "provenance": provenance, "rows": bench_rows, "sweep": sweep,
+        "provenance": provenance, "rows": bench_rows}))
+    (folder / "sweep_h200.json").write_text(json.dumps({
+        "provenance": provenance, "sweep": sweep,
         "plan": {"forward": {"small,2": ["tiled", 2, 4]}}}))
 
 
