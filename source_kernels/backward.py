@@ -22,8 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .forward import regime
-from .launch import cdiv, launch, next_power_of_2
+from .forward import launch_variant, regime
 from .sampling import corner_tile, pixel_corners
 from .tiled import _msda_backward_tiled_kernel
 
@@ -201,20 +200,12 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     block_q = block_q or BWD_BLOCK_Q
     num_warps = num_warps or BWD_NUM_WARPS
     if grad_attn.numel() > 0 and value.numel() > 0:
-        acc_dtype = tl.float64 if value.dtype == torch.float64 else tl.float32
-        grid = (cdiv(queries, block_q), batch * heads)
-        constexprs = dict(L=levels, K=points, BLOCK_Q=block_q,
-                          BLOCK_D=next_power_of_2(channels), ACC_DTYPE=acc_dtype)
         args = (grad_output.contiguous(), value, spatial_shapes, level_start_index,
                 sampling_locations, attention_weights, grad_value, grad_loc, grad_attn,
                 value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
-        if kernel == "tiled":
-            constexprs["LK_PAD"] = next_power_of_2(levels * points)
-            launch(_msda_backward_tiled_kernel, grid, args, constexprs, num_warps)
-        elif kernel == "loop":
-            launch(_msda_backward_kernel, grid, args, constexprs, num_warps)
-        else:
-            raise ValueError(f"kernel must be 'loop' or 'tiled', got {kernel!r}")
+        launch_variant(kernel, _msda_backward_kernel, _msda_backward_tiled_kernel, args,
+                       value.dtype, batch, heads, queries, channels, levels, points, block_q,
+                       num_warps)
     elif grad_attn.numel() > 0:
         grad_loc.zero_()
         grad_attn.zero_()

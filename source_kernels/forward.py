@@ -151,17 +151,26 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     cfg_q, cfg_warps = forward_config(channels, value.dtype)
     block_q = block_q or cfg_q
     num_warps = num_warps or cfg_warps
-    acc_dtype = tl.float64 if value.dtype == torch.float64 else tl.float32
-    grid = (cdiv(queries, block_q), batch * heads)
-    constexprs = dict(L=levels, K=points, BLOCK_Q=block_q,
-                      BLOCK_D=next_power_of_2(channels), ACC_DTYPE=acc_dtype)
     args = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
             out, value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
+    launch_variant(kernel, _msda_forward_kernel, _msda_forward_tiled_kernel, args,
+                   value.dtype, batch, heads, queries, channels, levels, points, block_q,
+                   num_warps)
+    return out
+
+
+def launch_variant(kernel, loop_kernel, tiled_kernel, args, dtype, batch, heads, queries,
+                   channels, levels, points, block_q, num_warps):
+    """Launch the "loop" or the "tiled" kernel of a pair (forward or backward) on a grid of
+    (query blocks, batch * heads), with the compile-time sizes both take (the tiled one also
+    the L*K sample axis padded to a power of two) and fp32 arithmetic (fp64 for fp64)."""
+    grid = (cdiv(queries, block_q), batch * heads)
+    constexprs = dict(L=levels, K=points, BLOCK_Q=block_q, BLOCK_D=next_power_of_2(channels),
+                      ACC_DTYPE=tl.float64 if dtype == torch.float64 else tl.float32)
     if kernel == "tiled":
         constexprs["LK_PAD"] = next_power_of_2(levels * points)
-        launch(_msda_forward_tiled_kernel, grid, args, constexprs, num_warps)
+        launch(tiled_kernel, grid, args, constexprs, num_warps)
     elif kernel == "loop":
-        launch(_msda_forward_kernel, grid, args, constexprs, num_warps)
+        launch(loop_kernel, grid, args, constexprs, num_warps)
     else:
         raise ValueError(f"kernel must be 'loop' or 'tiled', got {kernel!r}")
-    return out
