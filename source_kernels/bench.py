@@ -76,31 +76,36 @@ def copy_bandwidth(nbytes=4 * 2 ** 30) -> float:
 
 # ------------------------------------------------------------------------- byte counting
 
-def corner_rows(args):
-    """Flat indices (into B*S*M rows of D channels) of every in-map corner the forward reads,
-    and the total number of corner reads (in-map or not)."""
+def corner_index(args):
+    """(B*Q*M, L*4*K) int64 rows of value viewed as (B*S*M, D): every corner the forward
+    reads, grouped by (batch, query, head), -1 where a corner lies outside its map."""
     value = args["value"]
     batch, total, heads, _ = value.shape
     loc = args["sampling_locations"].float()
-    _, queries, _, levels, points, _ = loc.shape
-    shapes = args["value_spatial_shapes"].tolist()
-    starts = args["value_level_start_index"].tolist()
-    rows = []
+    queries, levels, points = loc.shape[1], loc.shape[3], loc.shape[4]
     b_idx = torch.arange(batch, device=value.device).view(batch, 1, 1, 1)
     m_idx = torch.arange(heads, device=value.device).view(1, 1, heads, 1)
-    for lvl, ((height, width), start) in enumerate(zip(shapes, starts)):
-        x = loc[:, :, :, lvl, :, 0] * width - 0.5
-        y = loc[:, :, :, lvl, :, 1] * height - 0.5
-        x0 = x.floor().long()
-        y0 = y.floor().long()
+    columns = []
+    for lvl, ((height, width), start) in enumerate(zip(args["value_spatial_shapes"].tolist(),
+                                                       args["value_level_start_index"].tolist())):
+        x0 = (loc[:, :, :, lvl, :, 0] * width - 0.5).floor().long()
+        y0 = (loc[:, :, :, lvl, :, 1] * height - 0.5).floor().long()
         for dy in (0, 1):
             for dx in (0, 1):
                 xi, yi = x0 + dx, y0 + dy
                 inside = (xi >= 0) & (xi < width) & (yi >= 0) & (yi < height)
-                s = start + yi * width + xi
-                flat = (b_idx * total + s) * heads + m_idx
-                rows.append(flat[inside])
-    return torch.cat(rows), batch * queries * heads * levels * points * 4
+                row = (b_idx * total + start + yi * width + xi) * heads + m_idx
+                columns.append(torch.where(inside, row, torch.full_like(row, -1)))
+    # each column (B, Q, M, K) -> (B, Q, M, L*4*K)
+    index = torch.cat(columns, dim=-1)
+    return index.reshape(batch * queries * heads, levels * 4 * points)
+
+
+def corner_rows(args):
+    """Flat indices (into B*S*M rows of D channels) of every in-map corner the forward reads,
+    and the total number of corner reads (in-map or not)."""
+    index = corner_index(args)
+    return index[index >= 0], index.numel()
 
 
 def traffic_bytes(args):

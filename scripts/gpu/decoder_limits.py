@@ -24,32 +24,6 @@ import sys
 from _provenance import lab_script_args, provenance, write_results
 
 
-def corner_index(args):
-    """(B*Q*M, L*K*4) int64 rows of value viewed as (B*S*M, D), in the forward's sample
-    order, -1 where a corner lies outside its map."""
-    import torch
-    value = args["value"]
-    batch, total, heads, _ = value.shape
-    loc = args["sampling_locations"].float()
-    queries, levels, points = loc.shape[1], loc.shape[3], loc.shape[4]
-    columns = []
-    for lvl, ((height, width), start) in enumerate(zip(args["value_spatial_shapes"].tolist(),
-                                                       args["value_level_start_index"].tolist())):
-        x0 = (loc[:, :, :, lvl, :, 0] * width - 0.5).floor().long()
-        y0 = (loc[:, :, :, lvl, :, 1] * height - 0.5).floor().long()
-        b = torch.arange(batch, device=value.device).view(batch, 1, 1, 1)
-        m = torch.arange(heads, device=value.device).view(1, 1, heads, 1)
-        for dy in (0, 1):
-            for dx in (0, 1):
-                xi, yi = x0 + dx, y0 + dy
-                inside = (xi >= 0) & (xi < width) & (yi >= 0) & (yi < height)
-                row = (b * total + start + yi * width + xi) * heads + m
-                columns.append(torch.where(inside, row, torch.full_like(row, -1)))
-    # (B, Q, M, K) per (level, corner) -> (B, Q, M, L*4*K)
-    index = torch.stack(columns, dim=-1)
-    return index.reshape(batch * queries * heads, levels * 4 * points).contiguous()
-
-
 def main(argv=None) -> int:
     args, dry, _ = lab_script_args(__doc__, "decoder_limits.py", argv)
     import torch
@@ -58,7 +32,7 @@ def main(argv=None) -> int:
 
     import source_kernels  # noqa: F401  (interpreter switch for a dry run)
     from source_kernels import multi_scale_deformable_attn
-    from source_kernels.bench import _profiled_device_us
+    from source_kernels.bench import _profiled_device_us, corner_index
     from source_kernels.inputs import make_inputs, preset_inputs
 
     @triton.jit
@@ -90,7 +64,7 @@ def main(argv=None) -> int:
         value = inputs["value"]
         channels = value.shape[-1]
         table = value.reshape(-1, channels)
-        index = corner_index(inputs)
+        index = corner_index(inputs).contiguous()
         out = torch.empty(index.shape[0], channels, dtype=dtype, device=device)
         grid = (index.shape[0],)
 
