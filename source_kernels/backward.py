@@ -13,6 +13,10 @@ Many queries sample the same value rows, so grad_value is accumulated with
 ``tl.atomic_add``.  bf16 atomics are native only from sm_90 (Hopper); before that they lower
 to a compare-and-swap loop, so bf16 defaults to an fp32 accumulation buffer there
 (``fp32_grad_accum``), converted to bf16 at the end.
+
+This module holds the loop kernel (samples one after another); ``tiled.py`` holds the
+sample-tiled one.  ``msda_backward`` launches the one ``BACKWARD_PLAN`` names for the call's
+regime (``forward.regime``) and element size.
 """
 from __future__ import annotations
 

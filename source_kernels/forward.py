@@ -1,6 +1,7 @@
-"""The MSDA forward kernel and its host wrapper.
+"""The MSDA forward: the loop kernel, its host wrapper and the launch plan.
 
-One program computes BLOCK_Q queries of one (batch, head) pair over all D channels:
+One program of the loop kernel computes BLOCK_Q queries of one (batch, head) pair over all
+D channels:
 
     out[b, q, m, :] = sum over levels l and points k of
                       attn[b, q, m, l, k] * bilinear(value[b, level l, m, :], loc[b, q, m, l, k])
@@ -10,6 +11,10 @@ gather reads D contiguous elements of one value row (wide over channels: full se
 Locations and weights come through their own pointers, levels and points are unrolled with
 ``tl.static_range``, arithmetic is in fp32 (fp64 for fp64 inputs) whatever the input dtype,
 and every flat offset that can pass 2**31 is computed in int64.
+
+``msda_forward`` launches this kernel or the sample-tiled one of ``tiled.py``, as
+``FORWARD_PLAN`` says for the call's regime (``regime``: small calls are bound by the latency
+of their programs, large ones by the rate of gathers) and element size.
 """
 from __future__ import annotations
 
@@ -94,10 +99,12 @@ def _msda_forward_kernel(
 
 
 def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK_Q, num_warps) of the loop kernel: fixed.  On the H200 sweep in
-    results/sweep_first_look_h200.json (bf16, D = 32), 32 queries on 4 warps was fastest on
-    the decoder preset and within 1% of the fastest on the encoder.  The tile keeps about
-    1024 elements, so wider rows get fewer queries per program."""
+    """(BLOCK_Q, num_warps) of the loop kernel for a caller who names a kernel or a warp count
+    but no BLOCK_Q (with neither, FORWARD_PLAN decides): 1024 // BLOCK_D queries, clamped to
+    between 16 and 32, on 4 warps.  The tile holds at most 1024 accumulators up to D = 64, and
+    16 * BLOCK_D above, where the floor of 16 queries wins.  On the first H200 sweep
+    (results/sweep_first_look_h200.json, bf16, D = 32), 32 queries on 4 warps was fastest on
+    the decoder preset and within 1% of the fastest on the encoder."""
     block_d = next_power_of_2(max(channels, 1))
     block_q = max(16, min(32, 1024 // block_d))
     return block_q, 4
@@ -116,6 +123,8 @@ LARGE_ROWS = 2 ** 17          # B*Q*M above which a call counts as "large"
 
 
 def regime(batch: int, queries: int, heads: int) -> str:
+    """The launch plans' key: "large" for a call of more than LARGE_ROWS output rows
+    (batch * queries * heads), "small" otherwise."""
     return "large" if batch * queries * heads > LARGE_ROWS else "small"
 
 

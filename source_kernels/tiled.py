@@ -1,13 +1,20 @@
 """Sample-tiled MSDA kernels: every (level, point) sample of a block of queries in one tile.
 
-The kernels of ``forward.py`` and ``backward.py`` walk the L*K samples one after the other
-(``tl.static_range``), so a program waits for one sample's gathers before the next sample's
-are issued: at the decoder's size, where each SM holds only a few programs, that chain of
-memory latencies is the whole run time.  These variants put the samples on a tile axis, a
-(BLOCK_Q, L*K, BLOCK_D) tile with channels still the fast axis: each corner is one gather
-of BLOCK_Q * L * K rows issued at once, and the per-level sizes become small vectors
-indexed by each sample's level.  Same arguments, same results, same sampling convention
-(``sampling.pixel_corners``).
+The loop kernels of ``forward.py`` and ``backward.py`` walk the L*K samples of their block of
+queries with ``tl.static_range``: the loop is unrolled, and how many samples' gathers a thread
+issues before it uses the first is left to the compiler's scheduler, which must hold every
+load in flight in registers.  These variants put the samples on an axis of the tile, a
+(BLOCK_Q, LK_PAD, BLOCK_D) tile with channels still the fast axis (LK_PAD: L*K rounded up to
+a power of two, the padding samples masked).  Each corner is then one load of BLOCK_Q * L * K
+value rows, spread over the program's threads, and the four corner loads do not depend on
+each other, so the gathers of every sample are requested together.  The per-level sizes
+become small vectors indexed by each sample's level.
+
+The launch plans (``forward.FORWARD_PLAN``, ``backward.BACKWARD_PLAN``) choose between these
+kernels and the loop ones per regime and element size; the tiled forward serves small,
+latency-bound calls (the decoder preset) with one query per program, where a program's whole
+gather should be in flight at once.  Same arguments, same results, same sampling convention
+(``sampling.pixel_corners``) as the loop kernels.
 """
 from __future__ import annotations
 
