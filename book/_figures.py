@@ -25,6 +25,19 @@ UNTOUCHED = "#EEEEEE"
 REFERENCE_POINT = "#000000"
 NEUTRAL = "#777777"
 
+# Colours for timings (chapters 4 and 6): the two figures a timing can be, and the host's
+# own time per call.  A wrong measurement is drawn in SECTOR_FETCHED.
+DEVICE_TIME = "#0072B2"
+HOST_INCLUSIVE = "#E69F00"
+HOST_DISPATCH = "#CC79A7"
+
+# One colour and marker per implementation in the comparisons with other implementations,
+# in the order of results/peers_h200.json; the floor is drawn in black.
+IMPL_COLORS = {"this_repository": "#0072B2", "seed": "#E69F00", "cuda_op": "#009E73",
+               "dcnv4": "#CC79A7"}
+IMPL_MARKERS = {"this_repository": "o", "seed": "s", "cuda_op": "D", "dcnv4": "^"}
+FLOOR = "#000000"
+
 
 def level_color(level: int) -> str:
     """The colour of pyramid level ``level`` (0 = finest)."""
@@ -36,6 +49,23 @@ def level_label(level: int, height: int | None = None, width: int | None = None)
     if height is None or width is None:
         return f"level {level}"
     return f"level {level} ({height} \u00d7 {width})"
+
+
+def log_axis(ax, axis: str = "x", low: float | None = None, high: float | None = None,
+             subs: tuple = (1.0, 2.0, 5.0)) -> None:
+    """A log scale on ``axis`` ("x" or "y") ticked at ``subs`` times powers of ten (1, 2, 5:
+    10, 20, 50, 100, ...), labelled as plain numbers, without minor labels: readable where
+    matplotlib's default would print crowded '2 x 10^1' labels.  ``low``/``high`` set the
+    limits."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    if low is not None or high is not None:
+        (ax.set_xlim if axis == "x" else ax.set_ylim)(low, high)
+    target.set_major_locator(LogLocator(base=10, subs=subs))
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+    target.set_minor_formatter(NullFormatter())
 
 
 def use_course_style() -> None:
@@ -66,6 +96,90 @@ def use_course_style() -> None:
         # backend: otherwise plt.show() would draw nothing into the page
         shell.run_line_magic("matplotlib", "inline")
         set_matplotlib_formats("svg")
+        _audit_every_figure(shell)
+
+
+# ------------------------------------------------------------------ readable figures
+# Every figure a chapter shows passes through the SVG formatter that use_course_style()
+# installs.  The formatter also measures the figure as drawn (its size, its smallest font,
+# any two text labels whose boxes overlap) and stores that next to the image, in the
+# output's metadata under AUDIT_KEY: the executed notebooks of the build carry it, and
+# tests/test_book.py reads it for every figure of the book.
+
+AUDIT_KEY = "course_figure"
+OVERLAP_PT = 1.0            # two labels overlap when their boxes share more than 1 pt x 1 pt
+
+
+def audit_figure(fig) -> dict:
+    """How ``fig`` will look on the page: its titles (to name it), the size of its tight
+    bounding box in inches (what the saved image measures), the smallest font size in
+    points, the number of text labels drawn, and every pair of labels whose boxes overlap
+    (by more than OVERLAP_PT each way).
+    Only labels that are really drawn count (a tick label outside the axis limits is not)."""
+    import matplotlib.text as mtext
+
+    drawn = []
+    original_draw = mtext.Text.draw
+
+    def recording_draw(self, renderer):
+        drawn.append(self)
+        return original_draw(self, renderer)
+
+    mtext.Text.draw = recording_draw
+    try:
+        fig.canvas.draw()
+    finally:
+        mtext.Text.draw = original_draw
+    renderer = fig.canvas.get_renderer()
+    labels, seen = [], set()
+    for text in drawn:
+        if id(text) in seen or not text.get_visible() or not text.get_text().strip():
+            continue
+        seen.add(id(text))
+        box = text.get_window_extent(renderer)
+        if box.width > 0 and box.height > 0:
+            labels.append((text, box))
+    to_pt = 72.0 / fig.dpi
+    overlaps = []
+    for i, (first, a) in enumerate(labels):
+        for second, b in labels[i + 1:]:
+            width = (min(a.x1, b.x1) - max(a.x0, b.x0)) * to_pt
+            height = (min(a.y1, b.y1) - max(a.y0, b.y0)) * to_pt
+            if width > OVERLAP_PT and height > OVERLAP_PT:
+                overlaps.append([first.get_text()[:60], second.get_text()[:60]])
+    tight = fig.get_tightbbox(renderer)          # inches; savefig adds 0.1 in of padding
+    pad = mpl.rcParams["savefig.pad_inches"]
+    titles = [t for t in [getattr(fig, "_suptitle", None) and fig._suptitle.get_text()]
+              + [ax.get_title(loc) for ax in fig.axes for loc in ("left", "center", "right")]
+              if t]
+    return {
+        "titles": [t[:80] for t in titles],
+        "width_in": round(float(tight.width + 2 * pad), 3),
+        "height_in": round(float(tight.height + 2 * pad), 3),
+        "min_font_pt": min((t.get_fontsize() for t, _ in labels), default=None),
+        "labels": len(labels),
+        "overlaps": overlaps,
+    }
+
+
+def _audit_every_figure(shell) -> None:
+    from matplotlib.figure import Figure
+
+    formatter = shell.display_formatter.formatters["image/svg+xml"]
+    printer = formatter.lookup_by_type(Figure)
+    if getattr(printer, "audits", False):
+        return
+
+    def print_and_audit(fig):
+        try:
+            audit = audit_figure(fig)
+        except Exception as error:  # noqa: BLE001 - the figure is shown all the same
+            audit = {"error": f"{type(error).__name__}: {error}"}
+        # an IPython formatter may return (data, metadata)
+        return printer(fig), {AUDIT_KEY: audit}
+
+    print_and_audit.audits = True
+    formatter.for_type(Figure, print_and_audit)
 
 
 def show_source(obj_or_text, first: str | None = None, last: str | None = None) -> None:

@@ -4,7 +4,10 @@ A fixture shared by all tests runs ``jupyter-book build book`` from the reposito
 README and ``make book`` run), which writes ``_build/html``; on a fresh clone that is a cold
 build with every chapter executed. The checks then read the built site:
 
-- every page of the table of contents exists, and every chapter 1-4 page has its figures;
+- every page of the table of contents exists, and chapters 1-4 and 6 have their figures;
+- every figure a chapter draws reads at the book's width: no two text labels overlap, and
+  its smallest text is at least 7 pt as drawn in the page's column (book/_figures.py
+  measures each figure as the build draws it);
 - every <img> names a file that exists and is not empty;
 - no page shows an error: no traceback, no stderr output, no error output cell;
 - no page shows the solution of a graded lab cell (see ``_shown`` for what counts);
@@ -37,12 +40,13 @@ HTML = ROOT / "_build" / "html"
 BIN = Path(sys.executable).parent
 BUILD_TIMEOUT_S = 900
 
-# (page, minimum number of figures) for the chapters this file's book part owns
+# (page, minimum number of figures)
 FIGURES = {
     "chapters/ch01_the_operator.html": 4,
     "chapters/ch02_the_machine.html": 2,
     "chapters/ch03_triton.html": 0,
-    "chapters/ch04_the_forward_kernel.html": 1,
+    "chapters/ch04_the_forward_kernel.html": 2,
+    "chapters/ch06_measuring.html": 5,
 }
 
 
@@ -327,6 +331,123 @@ def test_a_rebuild_with_no_change_executes_nothing(built_book):
     assert "Executing notebook" not in output, (
         "a rebuild with no change executed a notebook again: the cache is not used")
     assert "Using cached notebook" in output
+
+
+# ---------------------------------------------------------------------------------------
+# figures: every figure a chapter draws reads at the book's width
+
+CACHE = ROOT / "_build" / ".jupyter_cache"   # the build's execution cache (execute: cache)
+COLUMN_PX = 688          # width of a figure in the page's column, 1280 x 900 window (Chromium)
+PX_PER_INCH = {"image/svg+xml": 96, "image/png": 100}   # SVG in pt at CSS's 96 px per inch
+MIN_FONT_PT = 7.0        # the smallest text of a figure, as drawn in that column
+AUDIT_KEY = "course_figure"                        # book/_figures.py writes it
+
+# Figures known not to read at the book's width, (page, first title) -> what is wrong with
+# them.  The test fails when one of them is fixed (then remove it here) or is gone.
+KNOWN_UNREADABLE: dict[tuple[str, str], str] = {
+    ("chapters/ch01_the_operator",
+     "One query, one head: K = 4 samples on each of L = 4 levels (area = attention wei"):
+        "9.8 in wide: its 9 pt text is drawn at 6.6 pt",
+    ("chapters/ch01_the_operator",
+     "weights at (x_im, y_im) = (1.3, 0.6):\neach is the opposite area"):
+        "9.8 in wide: its 8.5 pt text is drawn at 6.2 pt",
+    ("chapters/ch02_the_machine",
+     "Forward pass on an H200 against its floor (measured for this course, 2026-11-29)"):
+        "9.7 in wide: its 9 pt text is drawn at 6.6 pt",
+    ("chapters/ch04_the_forward_kernel",
+     "Wide over channels fetches only what it uses; one lane per point does not"):
+        "the figure's title overlaps the titles of both panels",
+}
+
+
+def _figure_outputs():
+    """(page, code cell number, mime type, audit record or None) of every figure output of
+    the chapters, as the build executed them (read from its execution cache)."""
+    import nbformat
+    from jupyter_cache import get_cache
+
+    cache = get_cache(str(CACHE))
+    for page in _toc_pages():
+        source = ROOT / "book" / f"{page}.ipynb"
+        if not source.is_file():
+            continue
+        record = cache.match_cache_notebook(nbformat.read(source, as_version=4))
+        executed = cache.get_cache_bundle(record.pk).nb
+        for number, cell in enumerate(executed.cells):
+            for output in cell.get("outputs", []):
+                for mime in PX_PER_INCH:
+                    if mime in output.get("data", {}):
+                        audit = output.get("metadata", {}).get(mime, {}).get(AUDIT_KEY)
+                        yield page, number, mime, audit
+
+
+def _unreadable(mime: str, audit: dict) -> list[str]:
+    """What keeps a figure from reading at the book's width (nothing when it reads)."""
+    if "error" in audit:
+        return [f"its audit failed: {audit['error']}"]
+    problems = [f"labels overlap: {a!r} and {b!r}" for a, b in audit["overlaps"]]
+    drawn_px = audit["width_in"] * PX_PER_INCH[mime]
+    shown_pt = (audit["min_font_pt"] or MIN_FONT_PT) * min(1.0, COLUMN_PX / drawn_px)
+    if shown_pt < MIN_FONT_PT - 0.05:
+        problems.append(f"{audit['width_in']:.1f} in wide, so its {audit['min_font_pt']} pt "
+                        f"text is drawn at {shown_pt:.1f} pt in the {COLUMN_PX} px column")
+    return problems
+
+
+def test_every_figure_reads_at_the_books_width(built_book):
+    figures = list(_figure_outputs())
+    assert len(figures) >= sum(FIGURES.values()), f"only {len(figures)} figures found"
+    problems, known_seen = [], set()
+    for page, number, mime, audit in figures:
+        where = f"{page} code cell {number}"
+        if audit is None:
+            problems.append(f"{where}: drawn without the course's figure style "
+                            "(book/_figures.use_course_style), so it was not measured")
+            continue
+        title = (audit.get("titles") or [""])[0]
+        found = _unreadable(mime, audit)
+        if (page, title) in KNOWN_UNREADABLE:
+            known_seen.add((page, title))
+            if not found:
+                problems.append(f"{where} ({title!r}) reads well now: remove it from "
+                                "KNOWN_UNREADABLE")
+            continue
+        problems += [f"{where} ({title!r}): {problem}" for problem in found]
+    problems += [f"{page}: no figure titled {title!r} any more: remove it from "
+                 "KNOWN_UNREADABLE" for page, title in set(KNOWN_UNREADABLE) - known_seen]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_figure_check_finds_overlaps_and_small_text():
+    crowded = {"titles": ["t"], "width_in": 7.0, "height_in": 3.0, "min_font_pt": 9.0,
+               "labels": 4, "overlaps": [["decoder-b32", "encoder"]]}
+    wide = {**crowded, "width_in": 10.0, "overlaps": []}
+    fine = {**crowded, "overlaps": []}
+    assert "overlap" in _unreadable("image/svg+xml", crowded)[0]
+    assert "6.5 pt" in _unreadable("image/svg+xml", wide)[0]
+    assert _unreadable("image/svg+xml", fine) == []
+
+
+def test_the_figure_audit_sees_what_it_should():
+    # the audit itself, on figures drawn here: crowded tick labels, and a clean plot
+    import matplotlib
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+    sys.path.insert(0, str(ROOT / "book"))
+    try:
+        import _figures
+    finally:
+        sys.path.remove(str(ROOT / "book"))
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.set_xticks(range(6), [f"decoder-b32, bf16 {i}" for i in range(6)])
+    crowded = _figures.audit_figure(fig)
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([1, 2])
+    ax.set_title("clean")
+    clean = _figures.audit_figure(fig)
+    plt.close("all")
+    assert crowded["overlaps"] and not clean["overlaps"]
+    assert clean["titles"] == ["clean"] and 2.5 <= clean["width_in"] <= 3.5
 
 
 # ---------------------------------------------------------------------------------------

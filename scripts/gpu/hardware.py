@@ -1,6 +1,7 @@
 """What a CUDA GPU says about the backward kernel's atomics (chapters 5 and 7).
 
     python3 scripts/gpu/hardware.py OUTDIR [--presets decoder encoder] [--budget-s 18]
+                                           [--fill-missing results/hardware_h200.json]
 
 writes OUTDIR/hardware_<gpu>.json (hardware_h200.json on an H200) with three sections (a
 measurement that would start after --budget-s seconds is skipped and listed as such):
@@ -16,11 +17,18 @@ measurement that would start after --budget-s seconds is skipped and listed as s
 - ``determinism``: the backward run ten times on the same inputs: how many elements of
   each gradient differ bitwise from the first run, and by how much (atomics commit in a
   different order every run); the forward, for contrast.
+
+With ``--fill-missing FILE`` the script starts from an earlier results file and measures only
+what it lacks (accumulation and determinism rows it does not hold; the ``compiled`` section
+is kept as it is).  Rows measured by such a run carry ``"filled_in": N``, an index into the
+file's ``filled_in`` list, which holds that run's provenance and what it measured: the
+file's own ``provenance`` stays the one of the run that measured everything else.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import statistics
 import sys
@@ -110,6 +118,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=18.0,
                         help="start no new measurement after this many seconds (the course's "
                              "GPU run gives each script 28 s)")
+    parser.add_argument("--fill-missing", metavar="FILE",
+                        help="an earlier hardware results file: keep what it holds and "
+                             "measure only the rows it lacks")
     args = parser.parse_args(argv)
     repo_on_path()
     require_gpu(SCRIPT)
@@ -137,6 +148,23 @@ def main(argv=None) -> int:
         "determinism": {"runs": args.runs, "rows": []},
         "skipped": [],
     }
+    fill = None                     # the index of this run in the file's "filled_in" list
+    if args.fill_missing:
+        earlier = json.loads(open(args.fill_missing).read())
+        fill = len(earlier.get("filled_in", [])) + 1
+        this_run = {"provenance": payload["provenance"], "measured": []}
+        payload = {**earlier, "skipped": [],
+                   "filled_in": [*earlier.get("filled_in", []), this_run]}
+    have_accumulation = {(r["preset"], r["distribution"], r["dtype"])
+                         for r in payload["accumulation"]["rows"]}
+    have_determinism = {(r["preset"], r["dtype"]) for r in payload["determinism"]["rows"]}
+
+    def record(section, row, what):
+        # a measured row, marked with the run that measured it when filling in
+        if fill is not None:
+            row["filled_in"] = fill
+            payload["filled_in"][fill - 1]["measured"].append(what)
+        payload[section]["rows"].append(row)
 
     def over_budget(what):
         if time.perf_counter() - started <= args.budget_s:
@@ -147,6 +175,11 @@ def main(argv=None) -> int:
 
     # --- what this GPU's Triton compiles for the kernels the operator launches ------------
     inputs32 = preset_inputs("decoder", device="cuda")
+    compile_cases = [("backward", "bf16", False), ("backward", "bf16", True),
+                     ("backward", "fp16", False), ("backward", "fp32", False),
+                     ("forward", "bf16", False), ("forward", "fp32", False)]
+    if fill is not None:
+        compile_cases = []          # kept from the earlier file
     launched = [(backward, "_msda_backward_kernel"), (backward, "_msda_backward_tiled_kernel"),
                 (forward, "_msda_forward_kernel"), (forward, "_msda_forward_tiled_kernel")]
     originals = {(module, attr): getattr(module, attr) for module, attr in launched}
@@ -155,10 +188,7 @@ def main(argv=None) -> int:
     for (module, attr), recorder in recorders.items():
         setattr(module, attr, recorder)
     try:
-        cases = [("backward", "bf16", False), ("backward", "bf16", True),
-                 ("backward", "fp16", False), ("backward", "fp32", False),
-                 ("forward", "bf16", False), ("forward", "fp32", False)]
-        for kernel, dtype_name, accum in cases:
+        for kernel, dtype_name, accum in compile_cases:
             if over_budget(f"compiled {kernel} {dtype_name} fp32_grad_accum={accum}"):
                 continue
             ordered = [t.to(dtypes[dtype_name]) if t.is_floating_point() else t
@@ -194,7 +224,10 @@ def main(argv=None) -> int:
     for preset in args.presets:
         for distribution in ("local", "uniform"):
             for dtype_name in ("bf16", "fp16"):
-                if over_budget(f"accumulation {preset} {distribution} {dtype_name}"):
+                if (preset, distribution, dtype_name) in have_accumulation:
+                    continue
+                what = f"accumulation {preset} {distribution} {dtype_name}"
+                if over_budget(what):
                     continue
                 inputs = preset_inputs(preset, distribution=distribution,
                                        dtype=dtypes[dtype_name], device="cuda")
@@ -207,16 +240,20 @@ def main(argv=None) -> int:
                     run()
                     us = triton.testing.do_bench(run, warmup=5, rep=25,
                                                  return_mode="median") * 1e3
-                    payload["accumulation"]["rows"].append({
+                    record("accumulation", {
                         "preset": preset, "distribution": distribution, "dtype": dtype_name,
-                        "fp32_grad_accum": accum, "backward_us": us})
+                        "fp32_grad_accum": accum, "backward_us": us},
+                        f"{what} fp32_grad_accum={accum}")
                     print(f"backward {preset} {distribution} {dtype_name} "
                           f"fp32_grad_accum={accum}: {us:.1f} µs", flush=True)
 
     # --- run-to-run differences ---------------------------------------------------------
     for preset in args.presets:
         for dtype_name in ("fp32", "bf16"):
-            if over_budget(f"determinism {preset} {dtype_name}"):
+            if (preset, dtype_name) in have_determinism:
+                continue
+            what = f"determinism {preset} {dtype_name}"
+            if over_budget(what):
                 continue
             inputs = preset_inputs(preset, distribution="local", dtype=dtypes[dtype_name],
                                    device="cuda")
@@ -225,6 +262,7 @@ def main(argv=None) -> int:
             grad_out = torch.randn_like(outs[0])
             grads = [msda_backward(grad_out, *ordered) for _ in range(args.runs)]
             row = {"preset": preset, "distribution": "local", "dtype": dtype_name,
+                   "fp32_grad_accum": default_fp32_grad_accum(dtypes[dtype_name], "cuda"),
                    "forward_runs_bitwise_equal": all(torch.equal(o, outs[0]) for o in outs)}
             for i, name in enumerate(("grad_value", "grad_sampling_locations",
                                       "grad_attention_weights")):
@@ -237,13 +275,16 @@ def main(argv=None) -> int:
                              "differing_elements_per_run": differing,
                              "max_abs_difference": max_abs,
                              "max_abs_value": first.abs().max().item()}
-            payload["determinism"]["rows"].append(row)
+            record("determinism", row, what)
             print(f"determinism {preset} {dtype_name}: grad_value differs in "
                   f"{statistics.median(row['grad_value']['differing_elements_per_run'])} "
                   f"of {row['grad_value']['elements']} elements (median over runs)",
                   flush=True)
 
-    payload["elapsed_s"] = time.perf_counter() - started
+    if fill is None:
+        payload["elapsed_s"] = time.perf_counter() - started
+    else:
+        payload["filled_in"][fill - 1]["elapsed_s"] = time.perf_counter() - started
     path = write_results(args.outdir, "hardware", payload)
     print(f"wrote {path}")
     return 0

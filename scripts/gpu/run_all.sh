@@ -15,6 +15,10 @@
 #            travels as wheels in .whl);
 #   labs:    the labs' GPU scripts (tiling, the bf16 cliff);
 #   ncu:     Nsight Compute counters of the main cases -> results/ncu_h200.csv.
+# One more part, not in the default list: refill re-measures what the committed results files
+# lack (under 5 minutes on an H200): the determinism and missing accumulation rows of
+# results/hardware_h200.json (hardware.py --fill-missing keeps the rest of that file), and
+# results/pitfalls_h200.json whole, from a git checkout so that its commit is recorded.
 # Usage: OUT=dir bash scripts/gpu/run_all.sh [PART ...]   (no argument: all, in this order)
 #   -> $OUT/gpu_run_<parts>.tgz holding results/ and logs/.  Each step has its own time
 #   limit and the whole call one (BUDGET seconds, default 570), so the archive is always
@@ -92,6 +96,11 @@ for part in "$@"; do
     timeout 60 "$NCU" --clock-control none --csv -k regex:_msda \
       --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sectors_op_read.sum,lts__t_sectors_op_atom.sum,lts__t_sectors_op_red.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,launch__registers_per_thread,launch__occupancy_limit_registers \
       python3 scripts/gpu/ncu_cases.py > "$R/ncu_h200.csv" 2> "$L/ncu.err"; echo "ncu exit $?"; tail -3 "$L/ncu.err"
+    ;;
+  refill)
+    run hardware_fill 200 python3 scripts/gpu/hardware.py "$R" \
+      --fill-missing results/hardware_h200.json --budget-s 150
+    run pitfalls 90 python3 scripts/gpu/pitfalls.py "$R" --budget-s 60
     ;;
   *) echo "unknown part $part"; exit 2 ;;
   esac
