@@ -88,8 +88,17 @@ _ORIGINAL_RUN = JITFunction.__dict__.get("run")
 _JIT_DICT = JITFunction.__dict__
 
 
+_ENTER = getattr(_RUNTIME, "launch_enter_hook", None)
+_EXIT = getattr(_RUNTIME, "launch_exit_hook", None)
+
+
 def hooks_active() -> bool:
     """Whether something watches launches: Triton's launch hooks, or a patched run()."""
+    if (_ENTER is not None and _RUNTIME.launch_enter_hook is _ENTER
+            and _RUNTIME.launch_exit_hook is _EXIT and not getattr(_ENTER, "calls", True)
+            and not getattr(_EXIT, "calls", True)):
+        # the usual case: Triton's own empty hook chains
+        return _JIT_DICT.get("run") is not _ORIGINAL_RUN
     return (_RUNTIME is None or _hook_set(_RUNTIME.launch_enter_hook)
             or _hook_set(_RUNTIME.launch_exit_hook)
             or _JIT_DICT.get("run") is not _ORIGINAL_RUN)

@@ -21,6 +21,7 @@ its outputs and launches the kernel with the tensors' addresses, and nothing els
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -29,7 +30,7 @@ from .backward import (BACKWARD_PLAN, BWD_BLOCK_Q, BWD_NUM_WARPS, backward_launc
                        default_fp32_grad_accum, grad_value_buffer, msda_backward)
 from .forward import FORWARD_PLAN, choose, choose_launch, forward_launch, msda_forward
 from .launch import bind, hooks_active, interpreting, launch
-from .validate import _signature, check_signature, checked_shapes, level_starts, validate_inputs
+from .validate import check_signature, checked_shapes, level_starts, validate_inputs
 
 __all__ = ["MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn", "msda",
            "forget_launches"]
@@ -46,8 +47,9 @@ def _current_device():
 class _Call:
     """One argument signature, checked once: its output's shape, the plans' kernels, and
     the bound launches of the forward and of the backward (one per accumulation choice)."""
-    __slots__ = ("out_shape", "dtype", "device", "total", "copy_value", "copy_params",
-                 "forward_plan", "forward_bound", "backward_plan", "backward_bound", "empty")
+    __slots__ = ("out_shape", "dtype", "device", "total", "levels", "copy_value",
+                 "copy_params", "forward_plan", "forward_bound", "backward_plan",
+                 "backward_bound", "empty", "shapes_seen")
 
     def __init__(self, value, sampling_locations, attention_weights):
         batch, total, heads, channels = value.shape
@@ -56,6 +58,8 @@ class _Call:
         self.dtype = value.dtype
         self.device = value.device
         self.total = total
+        self.levels = sampling_locations.shape[3]
+        self.shapes_seen = {}
         self.copy_value = value.stride(3) != 1
         self.copy_params = not (sampling_locations.is_contiguous()
                                 and attention_weights.is_contiguous())
@@ -68,8 +72,17 @@ class _Call:
         self.backward_bound = {}
 
     def inputs(self, value, shapes, starts, loc, attn):
-        """The tensors as the kernels take them (contents of the shapes checked)."""
-        shapes, starts = checked_shapes(shapes, starts, self.total)
+        """The tensors as the kernels take them: the shape tensors checked (signature and
+        contents, once per pair of tensor objects and versions), int64, starts computed
+        when None; value and the parameters copied where their layout needs it."""
+        key = (id(shapes), shapes._version, id(starts),
+               None if starts is None else starts._version)
+        seen = self.shapes_seen.get(key)
+        if (seen is not None and seen[0]() is shapes
+                and (starts is None or seen[1]() is starts)):
+            shapes, starts = seen[2], seen[3]
+        else:
+            shapes, starts = self._check_shapes(key, value, shapes, starts, loc, attn)
         if self.copy_value:
             value = value.contiguous()
         if self.copy_params:
@@ -77,15 +90,24 @@ class _Call:
             attn = attn.contiguous()
         return value, shapes, starts, loc, attn
 
+    def _check_shapes(self, key, value, shapes, starts, loc, attn):
+        check_signature(value, shapes, starts, loc, attn)
+        checked = checked_shapes(shapes, starts, self.total)
+        if not (shapes.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if len(self.shapes_seen) > 64:
+                self.shapes_seen.clear()
+            self.shapes_seen[key] = (weakref.ref(shapes),
+                                     None if starts is None else weakref.ref(starts), *checked)
+        return checked
+
     def forward(self, value, shapes, starts, loc, attn):
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         bound = self.forward_bound
         if bound is not None and not hooks_active() and _current_device() == bound.device:
-            pointers = (value.data_ptr(), shapes.data_ptr(), starts.data_ptr(), loc.data_ptr(),
-                        attn.data_ptr(), out.data_ptr())
-            if not (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]
-                    | pointers[5]) & 15:
-                bound(*pointers)
+            p0, p1, p2 = value.data_ptr(), shapes.data_ptr(), starts.data_ptr()
+            p3, p4, p5 = loc.data_ptr(), attn.data_ptr(), out.data_ptr()
+            if not (p0 | p1 | p2 | p3 | p4 | p5) & 15:
+                bound(p0, p1, p2, p3, p4, p5)
                 return out
         if self.empty:
             return msda_forward(value, shapes, starts, loc, attn)
@@ -110,12 +132,11 @@ class _Call:
         bound = self.backward_bound.get(fp32_grad_accum)
         done = False
         if bound is not None and not hooks_active() and _current_device() == bound.device:
-            pointers = (grad_output.data_ptr(), value.data_ptr(), shapes.data_ptr(),
-                        starts.data_ptr(), loc.data_ptr(), attn.data_ptr(),
-                        grad_value.data_ptr(), grad_loc.data_ptr(), grad_attn.data_ptr())
-            if not (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]
-                    | pointers[5] | pointers[6] | pointers[7] | pointers[8]) & 15:
-                bound(*pointers)
+            p0, p1, p2 = grad_output.data_ptr(), value.data_ptr(), shapes.data_ptr()
+            p3, p4, p5 = starts.data_ptr(), loc.data_ptr(), attn.data_ptr()
+            p6, p7, p8 = grad_value.data_ptr(), grad_loc.data_ptr(), grad_attn.data_ptr()
+            if not (p0 | p1 | p2 | p3 | p4 | p5 | p6 | p7 | p8) & 15:
+                bound(p0, p1, p2, p3, p4, p5, p6, p7, p8)
                 done = True
         if not done:
             if value.dtype == torch.bfloat16 and interpreting() and not fp32_grad_accum:
@@ -157,16 +178,24 @@ def forget_launches() -> None:
 
 
 def _call_for(value, shapes, starts, loc, attn, im2col_step):
-    """The _Call of these arguments' signature, after the signature checks (on a miss)."""
-    signature = _signature(value, shapes, starts, loc, attn, im2col_step)
-    if signature is not None:
-        key = (signature, value.stride(), loc.is_contiguous(), attn.is_contiguous())
+    """The _Call of these arguments' signature, after the signature checks (on a miss).
+
+    The key holds what the checks and the launch depend on for value, sampling_locations
+    and attention_weights; the shape tensors are checked per tensor object (``_Call.
+    inputs``), since a model passes the same two to every layer."""
+    try:
+        key = (value.shape, value.stride(), value.dtype, value.device, loc.shape, loc.dtype,
+               loc.device, loc.is_contiguous(), attn.shape, attn.dtype, attn.device,
+               attn.is_contiguous(), im2col_step)
+    except AttributeError:                          # not tensors: the checks say which
+        key = None
+    else:
         call = _calls.get(key)
         if call is not None:
             return call
     check_signature(value, shapes, starts, loc, attn, im2col_step)
     call = _Call(value, loc, attn)
-    if signature is not None:
+    if key is not None and type(im2col_step) is int:
         if len(_calls) > 256:
             _calls.clear()
         _calls[key] = call

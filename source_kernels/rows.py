@@ -226,9 +226,20 @@ def _msda_backward_rows_kernel(
                 mask=mask_r[:, None] & mask_d[None, :], other=0.0).to(ACC)
     g3 = g[:, None, :]
     for step in tl.static_range(0, L * K, CHUNK):
-        p, mask_p, width, height, start, loc_x, loc_y, weight = _load_samples(
-            shapes_ptr, starts_ptr, loc_ptr, attn_ptr, param_row, mask_r, step, L, K, N_PAD,
-            CHUNK, ACC)
+        # The loads stay in this body rather than in a helper: torch.compile's analysis of
+        # which arguments a kernel writes follows write addresses back through helper calls
+        # to every pointer passed to them, and would take the parameters for outputs.
+        offs_n = step + tl.arange(0, N_PAD)
+        mask_n = (offs_n < step + CHUNK) & (offs_n < L * K)
+        level = offs_n // K
+        height = tl.load(shapes_ptr + 2 * level, mask=mask_n, other=1).to(tl.int32)[None, :]
+        width = tl.load(shapes_ptr + 2 * level + 1, mask=mask_n, other=1).to(tl.int32)[None, :]
+        start = tl.load(starts_ptr + level, mask=mask_n, other=0)[None, :]
+        p = param_row[:, None] * (L * K) + offs_n[None, :]
+        mask_p = mask_r[:, None] & mask_n[None, :]
+        loc_x = tl.load(loc_ptr + 2 * p, mask=mask_p, other=0.0).to(ACC)
+        loc_y = tl.load(loc_ptr + 2 * p + 1, mask=mask_p, other=0.0).to(ACC)
+        weight = tl.load(attn_ptr + p, mask=mask_p, other=0.0).to(ACC)
         x0, y0, dx, dy, in_x0, in_x1, in_y0, in_y1 = pixel_corners(loc_x, loc_y, width,
                                                                   height)
         w00 = (1 - dy) * (1 - dx)

@@ -103,3 +103,125 @@ def test_gpu_launch_counters_still_see_every_launch():
     finally:
         undo()
     assert len(names) == 2 and all(name.startswith("_msda_forward") for name in names), names
+
+
+# ------------------------------------------------------------------- what torch.compile sees
+
+def test_traced_ops_match_the_reference():
+    """source_kernels.traced, run eagerly (in the interpreter here): forward and the
+    registered backward against the fp64 reference."""
+    from source_kernels import reference, traced  # noqa: F401  (registers the ops)
+    args = make_inputs(2, 5, 2, 4, [[4, 5], [2, 3]], 2, outside=0.1, seed=3)
+    ordered = [args[k] for k in ARG_NAMES]
+    leaves = [ordered[i].clone().requires_grad_() for i in (0, 3, 4)]
+    out = torch.ops.source_kernels.msda_traced(leaves[0], ordered[1], ordered[2], leaves[1],
+                                               leaves[2])
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    expected = reference.msda_grid_sample(ref_leaves[0], ordered[1], ordered[2], ref_leaves[1],
+                                          ref_leaves[2])
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    out.backward(grad)
+    expected.backward(grad.double())
+    for got, want in zip(leaves, ref_leaves):
+        torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-4, rtol=0)
+
+
+_TRACE_PROGRAM = r'''
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "0"           # kernels as compiled objects, as on a GPU
+import torch
+import triton
+from functorch.compile import aot_function
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from triton.backends.compiler import GPUTarget
+
+import source_kernels
+from source_kernels import backward, forward, traced  # noqa: F401
+from source_kernels.inputs import make_inputs, pyramid_shapes
+
+
+class Hopper:                                   # what the tracer asks of the driver
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+triton.runtime.driver.set_active(Hopper())
+backward._capabilities[0] = (9, 0)             # a GPU with native bf16 atomics
+forward._sm_counts[0] = 132
+plans = json.loads(sys.argv[1])
+
+
+class Traced(Exception):
+    pass
+
+
+def traced_graph(batch, queries, dtype):
+    graphs = []
+
+    def capture(graph, example_inputs):
+        graphs.append(graph)
+        raise Traced()
+
+    def step(grad, *args):
+        out = torch.ops.source_kernels.msda_traced(*args)
+        return (out,) + tuple(torch.ops.source_kernels.msda_traced_backward(grad, *args))
+
+    args = make_inputs(batch, queries, 8, 32, pyramid_shapes(), 4, dtype=dtype)
+    names = ("value", "value_spatial_shapes", "value_level_start_index",
+             "sampling_locations", "attention_weights")
+    with FakeTensorMode():
+        fake = [torch.empty(args[k].shape, dtype=args[k].dtype, device="cuda") for k in names]
+        grad = torch.empty(batch, queries, 256, dtype=dtype, device="cuda")
+        try:
+            aot_function(step, fw_compiler=capture)(grad, *fake)
+        except Traced:
+            pass
+    launches = []
+    for node in graphs[0].graph.nodes:
+        if "triton_kernel_wrapper" in str(node.target):
+            kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+            launches.append({"kernel": kernel.fn.__name__,
+                             "cloned": sorted(node.kwargs.get("tensors_to_clone", []))})
+    return launches
+
+
+report = []
+for plan in plans:
+    forward.FORWARD_PLAN[("small", 2)] = tuple(plan["forward"])
+    backward.BACKWARD_PLAN[("small", 2)] = tuple(plan["backward"])
+    report.append(traced_graph(4, 300, torch.bfloat16))
+print(json.dumps(report))
+'''
+
+
+PLANS_TRACED = [
+    {"forward": ["tiled", 1, 1], "backward": ["tiled", 1, 2]},
+    {"forward": ["loop", 16, 4], "backward": ["loop", 16, 4]},
+    {"forward": ["rows-persistent", 8, 4], "backward": ["rows", 8, 4]},
+]
+
+
+@pytest.mark.slow
+def test_compiled_graph_holds_the_kernels_and_clones_only_outputs():
+    """What Inductor receives from the traced ops (traced here with fake CUDA tensors, the
+    kernels compiled for sm_90 only as far as Triton's IR), for a plan of each kernel kind:
+    one launch of the plan's forward kernel and one of its backward kernel, and no argument
+    taken for an output (which would make the compiled graph copy the locations and weights
+    first)."""
+    import json
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _TRACE_PROGRAM, json.dumps(PLANS_TRACED)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    kinds = {"tiled": "_tiled", "loop": "", "rows": "_rows"}
+    for plan, launches in zip(PLANS_TRACED, report):
+        expected = [f"_msda_{direction}{kinds[plan[direction][0].split('-')[0]]}_kernel"
+                    for direction in ("forward", "backward")]
+        assert [launch["kernel"] for launch in launches] == expected, (plan, launches)
+        assert launches[0]["cloned"] == ["out_ptr"], (plan, launches)
+        assert launches[1]["cloned"] == ["grad_attn_ptr", "grad_loc_ptr",
+                                         "grad_value_ptr"], (plan, launches)
