@@ -43,6 +43,7 @@ BWD_NUM_WARPS = 4
 # BLOCK_Q, num_warps), fixed from the same sweep.
 BACKWARD_PLAN = {
     ("small", 2): ("tiled", 1, 2), ("small", 4): ("loop", 8, 2), ("small", 8): ("loop", 8, 2),
+    ("medium", 2): ("tiled", 1, 2), ("medium", 4): ("loop", 8, 2), ("medium", 8): ("loop", 8, 2),
     ("large", 2): ("tiled", 1, 1), ("large", 4): ("tiled", 1, 2), ("large", 8): ("tiled", 1, 2),
 }
 

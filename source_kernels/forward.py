@@ -112,24 +112,30 @@ def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
 # rate of gathers.
 FORWARD_PLAN = {
     ("small", 2): ("tiled", 1, 1), ("small", 4): ("tiled", 1, 1), ("small", 8): ("tiled", 1, 1),
+    ("medium", 2): ("tiled", 1, 1), ("medium", 4): ("tiled", 1, 1), ("medium", 8): ("tiled", 1, 1),
     ("large", 2): ("loop", 16, 2), ("large", 4): ("loop", 16, 4), ("large", 8): ("loop", 16, 4),
 }
+SMALL_ROWS = 2 ** 14          # B*Q*M up to which a call counts as "small" (the decoder's 9,600)
 LARGE_ROWS = 2 ** 17          # B*Q*M above which a call counts as "large"
 
 
 def regime(batch: int, queries: int, heads: int) -> str:
-    return "large" if batch * queries * heads > LARGE_ROWS else "small"
+    """"small" (a decoder), "medium" (a decoder with a large batch) or "large" (an encoder):
+    by the number B*Q*M of (batch, query, head) rows."""
+    rows = batch * queries * heads
+    return "large" if rows > LARGE_ROWS else "medium" if rows > SMALL_ROWS else "small"
 
 
 def planned(plan: dict, batch: int, queries: int, heads: int, element_size: int):
     """The (kernel, BLOCK_Q, num_warps) a plan gives a problem; an element size the plan
     has no entry for takes the entry of the next smaller one (fp64 that of fp32)."""
     size = element_size
-    key = (regime(batch, queries, heads), size)
-    while key not in plan and size > 1:
+    name = regime(batch, queries, heads)
+    if not any(r == name for r, _ in plan):
+        name = "small"                       # a plan without this regime: the small one's
+    while (name, size) not in plan and size > 1:
         size //= 2
-        key = (key[0], size)
-    return plan[key]
+    return plan[(name, size)]
 
 
 def head_major(value: torch.Tensor) -> torch.Tensor:

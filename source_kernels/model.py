@@ -35,6 +35,10 @@ compare them.
 ``DeformableEncoderLayer`` / ``DeformableEncoder`` are the encoder of the same paper (one
 MSDeformAttn self-attention over all pyramid pixels plus a feed-forward block per layer,
 post-norm), small enough to train on a CPU through Triton's interpreter.
+``DeformableDecoderLayer`` / ``DeformableDecoder`` are the decoder's deformable part: object
+queries attend to the encoder's output through MSDeformAttn cross-attention, then a
+feed-forward block, each post-norm (the decoder's self-attention among queries, an ordinary
+multi-head attention, is left out: it does not involve this operator).
 """
 from __future__ import annotations
 
@@ -49,8 +53,8 @@ from .op import multi_scale_deformable_attn
 from .reference import msda_grid_sample
 
 __all__ = ["CORES", "resolve_core", "use_core", "MSDeformAttn", "DeformableEncoderLayer",
-           "DeformableEncoder", "encoder_reference_points", "sine_position_embedding",
-           "jitter_offsets"]
+           "DeformableEncoder", "DeformableDecoderLayer", "DeformableDecoder",
+           "encoder_reference_points", "sine_position_embedding", "jitter_offsets"]
 
 
 # ----------------------------------------------------------------------------- the cores
@@ -339,6 +343,70 @@ class DeformableEncoder(nn.Module):
         for layer in self.layers:
             out = layer(out, pos, reference_points, spatial_shapes, level_start_index,
                         padding_mask)
+        return out
+
+
+class DeformableDecoderLayer(nn.Module):
+    """One decoder layer without self-attention: MSDeformAttn cross-attention from the
+    queries to the flattened pyramid, then a ReLU feed-forward block, each with dropout, a
+    residual connection and a LayerNorm after it (post-norm)."""
+
+    def __init__(self, d_model: int = 256, d_ffn: int = 1024, dropout: float = 0.1,
+                 n_levels: int = 4, n_heads: int = 8, n_points: int = 4, *,
+                 core: CoreArg = "triton"):
+        super().__init__()
+        self.cross_attn = MSDeformAttn(d_model, n_levels, n_heads, n_points, core=core)
+        self.dropout1 = nn.Dropout(dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.linear1 = nn.Linear(d_model, d_ffn)
+        self.dropout2 = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(d_ffn, d_model)
+        self.dropout3 = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+
+    def forward(self, tgt, query_pos, reference_points, memory, spatial_shapes,
+                level_start_index, padding_mask=None):
+        """tgt, query_pos: (B, Q, C); reference_points (B, Q, L, 2 or 4); memory (B, S, C);
+        returns (B, Q, C)."""
+        query = tgt if query_pos is None else tgt + query_pos
+        attended = self.cross_attn(query, reference_points, memory, spatial_shapes,
+                                   level_start_index, padding_mask)
+        tgt = self.norm1(tgt + self.dropout1(attended))
+        hidden = self.linear2(self.dropout2(F.relu(self.linear1(tgt))))
+        return self.norm2(tgt + self.dropout3(hidden))
+
+
+class DeformableDecoder(nn.Module):
+    """A stack of ``DeformableDecoderLayer``: ``num_queries`` learned object queries (content
+    and position halves, as in Deformable DETR) and a learned linear map from each query's
+    position embedding to its reference point (sigmoid, the same point on every level)."""
+
+    def __init__(self, num_layers: int = 6, d_model: int = 256, d_ffn: int = 1024,
+                 dropout: float = 0.1, n_levels: int = 4, n_heads: int = 8,
+                 n_points: int = 4, num_queries: int = 300, *, core: CoreArg = "triton"):
+        super().__init__()
+        self.n_levels = n_levels
+        self.query_embed = nn.Embedding(num_queries, 2 * d_model)
+        self.reference_points = nn.Linear(d_model, 2)
+        self.layers = nn.ModuleList(
+            DeformableDecoderLayer(d_model, d_ffn, dropout, n_levels, n_heads, n_points,
+                                   core=core)
+            for _ in range(num_layers))
+
+    def forward(self, memory: torch.Tensor, spatial_shapes: torch.Tensor,
+                level_start_index: torch.Tensor,
+                padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """memory (B, S, C) the encoder's output; returns (B, num_queries, C)."""
+        batch = memory.shape[0]
+        query_pos, tgt = self.query_embed.weight.chunk(2, dim=-1)
+        query_pos = query_pos[None].expand(batch, -1, -1)
+        tgt = tgt[None].expand(batch, -1, -1)
+        reference = self.reference_points(query_pos).sigmoid()                  # (B, Q, 2)
+        reference_points = reference[:, :, None, :].expand(-1, -1, self.n_levels, -1)
+        out = tgt
+        for layer in self.layers:
+            out = layer(out, query_pos, reference_points, memory, spatial_shapes,
+                        level_start_index, padding_mask)
         return out
 
 

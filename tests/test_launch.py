@@ -225,3 +225,76 @@ def test_compiled_graph_holds_the_kernels_and_clones_only_outputs():
         assert launches[0]["cloned"] == ["out_ptr"], (plan, launches)
         assert launches[1]["cloned"] == ["grad_attn_ptr", "grad_loc_ptr",
                                          "grad_value_ptr"], (plan, launches)
+
+
+# ------------------------------------------------------------------- the benchmark harness
+
+PEER_MODULE = '''
+"""A stand-in peer with mmcv's signature: the grid_sample reference."""
+import torch
+from source_kernels.reference import msda_grid_sample
+
+calls = []
+
+
+def peer_msda(value, spatial_shapes, level_start_index, sampling_locations,
+              attention_weights, im2col_step):
+    calls.append(im2col_step)
+    return msda_grid_sample(value, spatial_shapes, level_start_index, sampling_locations,
+                            attention_weights)
+
+
+class PeerFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *args):
+        calls.append("apply")
+        return msda_grid_sample(*args[:5])
+'''
+
+
+def test_bench_peer_is_wired_like_the_operator(tmp_path, monkeypatch):
+    """--peer MODULE:FUNCTION: a function or an autograd Function with mmcv's signature is
+    called with the six arguments, by the same forward and forward+backward the operator's
+    rows time; without a GPU the command loads the peer, then says it needs one."""
+    from source_kernels import bench
+    (tmp_path / "fake_peer.py").write_text(PEER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fake_peer
+    args = make_inputs(1, 3, 2, 4, [[3, 4]], 2, requires_grad=True)
+    forward, forward_backward = bench.make_calls("peer:fake_peer:peer_msda", args, torch.float32)
+    out = forward()
+    assert out.shape == (1, 3, 8) and fake_peer.calls == [64]
+    forward_backward()
+    assert all(args[k].grad is not None for k in ("value", "sampling_locations",
+                                                  "attention_weights"))
+    assert bench.load_peer("fake_peer:PeerFunction") == fake_peer.PeerFunction.apply
+    with pytest.raises(ValueError, match="MODULE:FUNCTION"):
+        bench.load_peer("fake_peer")
+    with pytest.raises(ModuleNotFoundError):
+        bench.main(["--peer", "no_such_module_here:fn", "--no-bench"])
+    if not torch.cuda.is_available():
+        assert bench.main(["--peer", "fake_peer:peer_msda", "--no-bench"]) == 2
+
+
+def test_plan_from_sweep_takes_the_fastest_correct_candidate():
+    """A wrong candidate is never chosen, however fast; the plan covers each regime and
+    element size measured, and its literal reads back as the same table."""
+    from source_kernels import bench
+    rows = [
+        {"kernel": "forward", "variant": "rows", "preset": "decoder", "dtype": "bf16",
+         "block_q": 8, "num_warps": 4, "correct": False, "error": "wrong result"},
+        {"kernel": "forward", "variant": "rows", "preset": "decoder", "dtype": "bf16",
+         "block_q": 4, "num_warps": 2, "correct": True, "us": 9.0},
+        {"kernel": "forward", "variant": "tiled", "preset": "decoder", "dtype": "bf16",
+         "block_q": 1, "num_warps": 1, "correct": True, "us": 11.0},
+        {"kernel": "backward", "variant": "loop", "preset": "encoder", "dtype": "fp64",
+         "block_q": 8, "num_warps": 2, "correct": True, "us": 900.0},
+    ]
+    rows[0]["us"] = 1.0                     # fast but wrong
+    plan = bench.plan_from_sweep(rows)
+    assert plan == {"forward": {"small,2": ["rows", 4, 2]},
+                    "backward": {"large,8": ["loop", 8, 2]}}
+    table = {("small", 2): ("rows", 4, 2), ("large", 8): ("loop", 8, 2)}
+    namespace = {}
+    exec(bench.plan_literal("PLAN", table), namespace)
+    assert namespace["PLAN"] == table
