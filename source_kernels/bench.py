@@ -418,86 +418,88 @@ def _reference(pos, grad):
 
 def sweep(progress, presets=("decoder", "encoder"), distributions=("uniform",),
           dtypes=("bf16", "fp32"), on_row=lambda rows: None, directions=("forward", "backward"),
-          extra_distributions=None):
+          extra_distributions=None, cases=None):
     """Launch-configuration sweep of every kernel variant forward and backward.  Each
     candidate is first checked against the fp64 loop kernel on the same inputs (a wrong
     candidate is recorded with ``correct: false`` and never timed); each timing is the
     profiler's median device time with L2 flushed (``_profiled_device_us``).  Returns the
     rows; ``on_row(rows)`` sees them after each new one (so a run cut short by a time limit
     still leaves its rows in the file).  ``extra_distributions`` maps a (preset, direction)
-    to more location distributions to time there (e.g. the encoder's local locations)."""
+    to more location distributions to time there (e.g. the encoder's local locations);
+    ``cases``, (preset, dtype) pairs, sets the order (most important first) instead of
+    presets x dtypes."""
     from .backward import msda_backward
     from .forward import msda_forward, regime
     results = []
     extra_distributions = extra_distributions or {}
-    for preset in presets:
+    cases = cases or [(preset, dtype) for preset in presets for dtype in dtypes]
+    for preset, dtype_name in cases:
         spec = PRESETS[preset]
-        for dtype_name in dtypes:
-            dists = list(dict.fromkeys(
-                list(distributions) + [d for direction in directions
-                                       for d in extra_distributions.get((preset, direction),
-                                                                        ())]))
-            for distribution in dists:
-                if out_of_time():
-                    return results
-                args = preset_inputs(preset, distribution=distribution,
-                                     dtype=SWEEP_DTYPES[dtype_name], device="cuda")
-                pos = [args[k] for k in ARG_NAMES]
-                flush_buffer = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
-                grad = torch.randn(pos[0].shape[0], pos[3].shape[1],
-                                   pos[0].shape[2] * pos[0].shape[3], device="cuda",
-                                   dtype=pos[0].dtype)
-                expected_out, expected_grads = _reference(pos, grad)
-                size = regime(spec.batch, pos[3].shape[1], spec.heads)
-                forward_tol, backward_tol = SWEEP_TOLERANCE[dtype_name]
-                for direction in directions:
-                    if (distribution not in distributions
-                            and distribution not in extra_distributions.get((preset, direction),
-                                                                            ())):
-                        continue
-                    for kernel, block_q, warps in candidates_for(direction, size, dtype_name):
-                        if out_of_time():
-                            return results
+        dists = list(dict.fromkeys(
+            list(distributions) + [d for direction in directions
+                                   for d in extra_distributions.get((preset, direction),
+                                                                    ())]))
+        for distribution in dists:
+            if out_of_time():
+                return results
+            args = preset_inputs(preset, distribution=distribution,
+                                 dtype=SWEEP_DTYPES[dtype_name], device="cuda")
+            pos = [args[k] for k in ARG_NAMES]
+            flush_buffer = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+            grad = torch.randn(pos[0].shape[0], pos[3].shape[1],
+                               pos[0].shape[2] * pos[0].shape[3], device="cuda",
+                               dtype=pos[0].dtype)
+            expected_out, expected_grads = _reference(pos, grad)
+            size = regime(spec.batch, pos[3].shape[1], spec.heads)
+            forward_tol, backward_tol = SWEEP_TOLERANCE[dtype_name]
+            for direction in directions:
+                if (distribution not in distributions
+                        and distribution not in extra_distributions.get((preset, direction),
+                                                                        ())):
+                    continue
+                for kernel, block_q, warps in candidates_for(direction, size, dtype_name):
+                    if out_of_time():
+                        return results
+                    if direction == "forward":
+                        def call(kernel=kernel, block_q=block_q, warps=warps):
+                            return msda_forward(*pos, kernel=kernel, block_q=block_q,
+                                                num_warps=warps)
+                    else:
+                        def call(kernel=kernel, block_q=block_q, warps=warps):
+                            return msda_backward(grad, *pos, kernel=kernel,
+                                                 block_q=block_q, num_warps=warps)
+                    row = {"kernel": direction, "variant": kernel, "preset": preset,
+                           "distribution": distribution, "dtype": dtype_name,
+                           "block_q": block_q, "num_warps": warps}
+                    try:
+                        got = call()
                         if direction == "forward":
-                            def call(kernel=kernel, block_q=block_q, warps=warps):
-                                return msda_forward(*pos, kernel=kernel, block_q=block_q,
-                                                    num_warps=warps)
+                            problem = _mismatch(got, expected_out, forward_tol)
                         else:
-                            def call(kernel=kernel, block_q=block_q, warps=warps):
-                                return msda_backward(grad, *pos, kernel=kernel,
-                                                     block_q=block_q, num_warps=warps)
-                        row = {"kernel": direction, "variant": kernel, "preset": preset,
-                               "distribution": distribution, "dtype": dtype_name,
-                               "block_q": block_q, "num_warps": warps}
-                        try:
-                            got = call()
-                            if direction == "forward":
-                                problem = _mismatch(got, expected_out, forward_tol)
-                            else:
-                                problem = (_mismatch(got[0], expected_grads[0], backward_tol)
-                                           or _mismatch(got[1], expected_grads[1], backward_tol,
-                                                        KINK_FRACTION)
-                                           or _mismatch(got[2], expected_grads[2],
-                                                        backward_tol))
-                            del got
-                            row["correct"] = problem is None
-                            if problem:
-                                row["error"] = f"wrong result: {problem}"
-                            else:
-                                row["us"] = _profiled_device_us(call, flush_buffer.zero_,
-                                                                FAST["profile_reps"])
-                        except Exception as error:           # noqa: BLE001
-                            row["correct"] = False
-                            row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
-                            torch.cuda.synchronize()
-                        results.append(row)
-                        on_row(results)
-                        shown = (f"{row['us']:9.1f} us device" if "us" in row
-                                 else f"FAILED {row['error']}")
-                        progress(f"  sweep {direction:<8} {preset:<11} {distribution:<7} "
-                                 f"{dtype_name} {kernel:<16} q{block_q:<3} w{warps}: {shown}")
-                del args, pos, grad, flush_buffer, expected_out, expected_grads
-                torch.cuda.empty_cache()
+                            problem = (_mismatch(got[0], expected_grads[0], backward_tol)
+                                       or _mismatch(got[1], expected_grads[1], backward_tol,
+                                                    KINK_FRACTION)
+                                       or _mismatch(got[2], expected_grads[2],
+                                                    backward_tol))
+                        del got
+                        row["correct"] = problem is None
+                        if problem:
+                            row["error"] = f"wrong result: {problem}"
+                        else:
+                            row["us"] = _profiled_device_us(call, flush_buffer.zero_,
+                                                            FAST["profile_reps"])
+                    except Exception as error:           # noqa: BLE001
+                        row["correct"] = False
+                        row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+                        torch.cuda.synchronize()
+                    results.append(row)
+                    on_row(results)
+                    shown = (f"{row['us']:9.1f} us device" if "us" in row
+                             else f"FAILED {row['error']}")
+                    progress(f"  sweep {direction:<8} {preset:<11} {distribution:<7} "
+                             f"{dtype_name} {kernel:<16} q{block_q:<3} w{warps}: {shown}")
+            del args, pos, grad, flush_buffer, expected_out, expected_grads
+            torch.cuda.empty_cache()
     return results
 
 
@@ -663,6 +665,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compile", action="store_true",
                         help="also time the operator under torch.compile (default and "
                              "reduce-overhead)")
+    parser.add_argument("--compile-cases", nargs="+", metavar="PRESET/DISTRIBUTION/DTYPE",
+                        help="with --compile: time the compiled operator on these cases only")
     parser.add_argument("--sweep", action="store_true", help="add the launch-config sweeps")
     parser.add_argument("--no-bench", action="store_true", help="only the sweeps")
     parser.add_argument("--fast", action="store_true",
@@ -679,6 +683,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-distributions", nargs="+", default=["uniform"])
     parser.add_argument("--sweep-local-encoder", action="store_true",
                         help="time the encoder forward candidates on local locations too")
+    parser.add_argument("--sweep-cases", nargs="+", metavar="PRESET/DTYPE",
+                        help="sweep these (preset, dtype) pairs in this order")
     args = parser.parse_args(argv)
     if args.write_plan:
         write_plan(args.write_plan)
@@ -716,8 +722,10 @@ def main(argv=None) -> int:
             apply_plan(json.load(handle)["plan"])
     if args.sweep:
         extra = ({("encoder", "forward"): ("local",)} if args.sweep_local_encoder else {})
+        order = ([tuple(case.split("/")) for case in args.sweep_cases]
+                 if args.sweep_cases else None)
         result["sweep"] = sweep(progress, args.sweep_presets, args.sweep_distributions,
-                                args.sweep_dtypes, extra_distributions=extra,
+                                args.sweep_dtypes, extra_distributions=extra, cases=order,
                                 on_row=lambda rows: _write(args.out, dict(result, sweep=rows)))
         result["plan"] = plan_from_sweep(result["sweep"])
         apply_plan(result["plan"])
@@ -731,20 +739,25 @@ def main(argv=None) -> int:
         result["dispatch_breakdown_us"] = dispatch_breakdown(progress)
         result["dispatch_breakdown_fp32_us"] = dispatch_breakdown(progress, torch.float32)
     rows = []
-    for preset, distribution, dtype_name in cases:
-        for impl in impls:
-            if out_of_time():
-                break
-            try:
-                rows += measure(preset, distribution, dtype_name, impl, bandwidth, progress)
-            except Exception as error:          # record and go on
-                progress(f"    FAILED: {type(error).__name__}: {error}")
-                rows.append({"preset": preset, "distribution": distribution,
-                             "dtype": dtype_name, "impl": impl,
-                             "error": f"{type(error).__name__}: {str(error)[:2000]}"})
-                torch.compiler.reset()
-                torch.cuda.empty_cache()
-            _write(args.out, dict(result, rows=rows))
+    compile_cases = set(args.compile_cases or [])
+    # every case eagerly first (cheap), then the compiled operator (compiles take seconds)
+    order = [(case, impl) for group in ([i for i in impls if i not in COMPILED],
+                                        [i for i in impls if i in COMPILED])
+             for case in cases for impl in group
+             if impl not in COMPILED or not compile_cases or "/".join(case) in compile_cases]
+    for (preset, distribution, dtype_name), impl in order:
+        if out_of_time():
+            break
+        try:
+            rows += measure(preset, distribution, dtype_name, impl, bandwidth, progress)
+        except Exception as error:          # record and go on
+            progress(f"    FAILED: {type(error).__name__}: {error}")
+            rows.append({"preset": preset, "distribution": distribution,
+                         "dtype": dtype_name, "impl": impl,
+                         "error": f"{type(error).__name__}: {str(error)[:2000]}"})
+            torch.compiler.reset()
+            torch.cuda.empty_cache()
+        _write(args.out, dict(result, rows=rows))
     result["rows"] = rows
     if out_of_time():
         result["stopped_by_budget"] = True

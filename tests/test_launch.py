@@ -298,3 +298,91 @@ def test_plan_from_sweep_takes_the_fastest_correct_candidate():
     namespace = {}
     exec(bench.plan_literal("PLAN", table), namespace)
     assert namespace["PLAN"] == table
+
+
+def test_sweep_checks_each_candidate_before_timing_it(monkeypatch):
+    """The sweep's code path on toy inputs in the interpreter (timing stubbed): a candidate
+    that computes a wrong result is recorded as wrong and never timed, the others are timed,
+    and the plan comes from the correct ones only."""
+    from source_kernels import bench, forward
+    toy = make_inputs(1, 4, 2, 4, [[3, 4], [2, 2]], 2, outside=0.1, seed=5)
+    monkeypatch.setattr(bench, "preset_inputs", lambda *a, **k: {
+        key: value.to(k.get("dtype")) if value.is_floating_point() else value
+        for key, value in toy.items()})
+    monkeypatch.setattr(bench, "_profiled_device_us", lambda call, flush, reps: 7.0)
+    empty, randn = torch.empty, torch.randn         # the flush buffer and grad_out: on the CPU
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(
+        *a, **dict(k, device="cpu")) if k.get("device") == "cuda" else empty(*a, **k))
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: randn(
+        *a, **dict(k, device="cpu")) if k.get("device") == "cuda" else randn(*a, **k))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    original = forward.msda_forward
+
+    def sabotaged(*args, kernel=None, **kw):
+        out = original(*args, kernel=kernel, **kw)
+        return out + 1.0 if kernel == "rows" else out
+    monkeypatch.setattr(forward, "msda_forward", sabotaged)
+    monkeypatch.setattr(bench, "candidates_for", lambda direction, regime, dtype: [
+        ("loop", 4, 1), ("rows", 4, 1)] if direction == "forward" else [("rows", 4, 1)])
+    rows = bench.sweep(lambda message: None, cases=[("decoder", "fp32")],
+                       directions=("forward", "backward"))
+    by_variant = {(r["kernel"], r["variant"]): r for r in rows}
+    assert by_variant["forward", "rows"]["correct"] is False
+    assert "us" not in by_variant["forward", "rows"]
+    assert by_variant["forward", "loop"]["correct"] and by_variant["forward", "loop"]["us"] == 7
+    assert by_variant["backward", "rows"]["correct"]
+    plan = bench.plan_from_sweep(rows)
+    assert plan["forward"] == {"small,4": ["loop", 4, 1]}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_bound_launches_match_tritons_launch(dtype, monkeypatch):
+    """The operator's bound launches (raw pointers, no look-up) compute bit for bit what
+    Triton's ordinary launch computes, forward and the deterministic gradients, on each
+    regime's plan; the first call binds, the next ones use the binding."""
+    from source_kernels import op
+    from source_kernels.inputs import preset_inputs
+    for preset in ("decoder", "decoder-b32"):
+        args = preset_inputs(preset, dtype=dtype, device="cuda", requires_grad=True)
+        ordered = [args[k] for k in ARG_NAMES]
+        grad = torch.randn(ordered[0].shape[0], ordered[3].shape[1],
+                           ordered[0].shape[2] * ordered[0].shape[3], device="cuda",
+                           dtype=dtype)
+        op.forget_launches()
+
+        def run():
+            for k in ("value", "sampling_locations", "attention_weights"):
+                args[k].grad = None
+            out = source_kernels.multi_scale_deformable_attn(*ordered)
+            out.backward(grad)
+            return out.detach(), args["attention_weights"].grad.clone()
+
+        first = run()
+        call = op._call_for(*ordered, 64)
+        assert call.forward_bound is not None and call.backward_bound, "nothing was bound"
+        bound = run()
+        monkeypatch.setattr(op, "hooks_active", lambda: True)
+        monkeypatch.setattr(launch_module, "hooks_active", lambda: True)
+        ordinary = run()
+        monkeypatch.undo()
+        for a, b, c in zip(first, bound, ordinary):
+            assert torch.equal(a, c) and torch.equal(b, c), f"{preset}: bound launch differs"
+
+
+def test_launch_counters_see_the_operators_launches():
+    """The grader's launch counter (a patched JITFunction.run) sees every launch of the
+    operator's eager path too: a bound launch steps aside while it is installed."""
+    from autograde.recording import watch_kernel_launches
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args = make_inputs(1, 8, 2, 8, [[4, 4]], 2, device=device, requires_grad=True)
+    source_kernels.multi_scale_deformable_attn(**args).sum().backward()   # binds both
+    names = []
+    undo = watch_kernel_launches(names.append)
+    try:
+        source_kernels.multi_scale_deformable_attn(**args).sum().backward()
+    finally:
+        undo()
+    assert len(names) == 2, names
+    assert names[0].startswith("_msda_forward") and names[1].startswith("_msda_backward"), names

@@ -44,23 +44,18 @@ TOY = dict(d_model=16, heads=2, points=2, layers=1, d_ffn=32, image=(32, 48),
 
 
 def cases(cores):
-    """(model, precision, mode, core) in order of importance: the decoder steps of the
-    issue first (eager and compiled, this operator), then the peers, then the encoder."""
-    order = []
-    for precision in ("fp32", "bf16-autocast"):
-        for mode in ("eager", "reduce-overhead", "default"):
-            order.append(("decoder", precision, mode, "triton"))
+    """(model, precision, mode, core) in order of importance: the decoder steps of this
+    operator eagerly and under CUDA graphs, then the encoder's eager steps, then the
+    peers' eager steps, then the rest of the compiled ones."""
+    order = [("decoder", p, "eager", "triton") for p in ("fp32", "bf16-autocast")]
+    order += [("decoder", p, "reduce-overhead", "triton") for p in ("fp32", "bf16-autocast")]
+    order += [("encoder", p, "eager", "triton") for p in ("fp32", "bf16-autocast")]
     for core in cores:
         if core != "triton":
-            for precision in ("fp32", "bf16-autocast"):
-                order.append(("decoder", precision, "eager", core))
-    for precision in ("fp32", "bf16-autocast"):
-        order.append(("encoder", precision, "eager", "triton"))
-    for core in cores:
-        if core != "triton":
-            for precision in ("fp32", "bf16-autocast"):
-                order.append(("encoder", precision, "eager", core))
-    order.append(("encoder", "bf16-autocast", "reduce-overhead", "triton"))
+            order += [(model, p, "eager", core) for model in ("decoder", "encoder")
+                      for p in ("fp32", "bf16-autocast")]
+    order += [("decoder", p, "default", "triton") for p in ("fp32", "bf16-autocast")]
+    order += [("encoder", "bf16-autocast", "reduce-overhead", "triton")]
     return order
 
 
