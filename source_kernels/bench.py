@@ -586,7 +586,7 @@ def dispatch_breakdown(progress, dtype=torch.bfloat16):
     call, back-to-back calls): the operator's forward and forward+backward, its launch
     alone, Triton's ordinary launch, and yardsticks of this host (one torch op, an autograd
     Function that launches nothing)."""
-    from . import launch, multi_scale_deformable_attn
+    from . import multi_scale_deformable_attn
     from .op import _call_for
     args = preset_inputs("decoder", dtype=dtype, device="cuda")
     pos = [args[k] for k in ARG_NAMES]
@@ -600,14 +600,6 @@ def dispatch_breakdown(progress, dtype=torch.bfloat16):
               pos[4].clone().requires_grad_()]
     grad = torch.randn(out.shape, device="cuda", dtype=dtype)
     x = torch.randn(out.shape, device="cuda", dtype=dtype, requires_grad=True)
-
-    def ordinary_launch():
-        hooks_active = launch.hooks_active
-        launch.hooks_active = lambda: True
-        try:
-            call_forward_ordinary()
-        finally:
-            launch.hooks_active = hooks_active
 
     def call_forward_ordinary():
         from .forward import forward_launch

@@ -30,7 +30,8 @@ from .backward import (BACKWARD_PLAN, BWD_BLOCK_Q, BWD_NUM_WARPS, backward_launc
                        default_fp32_grad_accum, grad_value_buffer, msda_backward)
 from .forward import FORWARD_PLAN, choose, choose_launch, forward_launch, msda_forward
 from .launch import bind, hooks_active, interpreting, launch
-from .validate import check_signature, checked_shapes, level_starts, validate_inputs
+from .validate import (_as_kernels_take, check_signature, checked_shapes, level_starts,
+                       validate_inputs)
 
 __all__ = ["MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn", "msda",
            "forget_launches"]
@@ -38,6 +39,14 @@ __all__ = ["MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn", "m
 # What torch.compile routes to on a GPU: "traced" (source_kernels.traced, kernels visible to
 # the compiler) or "opaque" (the custom op below, called as a black box).
 COMPILED_OP = "traced"
+
+
+def _prepare(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    """int64 shape tensors (the starts computed when None) and contiguous parameters, as the
+    kernels expect (value may keep any strides with contiguous channels)."""
+    shapes, starts = _as_kernels_take(spatial_shapes, level_start_index)
+    return (value, shapes, starts, sampling_locations.contiguous(),
+            attention_weights.contiguous())
 
 
 def _current_device():

@@ -66,6 +66,39 @@ def _shapes_key(spatial_shapes, level_start_index, total):
             level_start_index._version, total)
 
 
+def _contents_already_checked(spatial_shapes, level_start_index, total):
+    """The remembered entry (weakrefs, int64 shapes, int64 starts) of this pair of tensor
+    objects at their present versions, or None."""
+    entry = _checked_contents.get(_shapes_key(spatial_shapes, level_start_index, total))
+    if (entry is not None and entry[0]() is spatial_shapes
+            and (level_start_index is None or entry[1]() is level_start_index)):
+        return entry
+    return None
+
+
+def _as_kernels_take(spatial_shapes, level_start_index):
+    """int64 contiguous shapes and starts (computed from the shapes when None)."""
+    shapes = spatial_shapes
+    if shapes.dtype is not torch.int64 or not shapes.is_contiguous():
+        shapes = shapes.to(torch.int64).contiguous()
+    if level_start_index is None:
+        return shapes, level_starts(shapes)
+    starts = level_start_index
+    if starts.dtype is not torch.int64 or not starts.is_contiguous():
+        starts = starts.to(torch.int64).contiguous()
+    return shapes, starts
+
+
+def _remember_contents(spatial_shapes, level_start_index, total):
+    if len(_checked_contents) > 256:
+        _checked_contents.clear()
+    entry = (weakref.ref(spatial_shapes),
+             None if level_start_index is None else weakref.ref(level_start_index),
+             *_as_kernels_take(spatial_shapes, level_start_index))
+    _checked_contents[_shapes_key(spatial_shapes, level_start_index, total)] = entry
+    return entry
+
+
 def checked_shapes(spatial_shapes, level_start_index, total):
     """(spatial_shapes, level_start_index) as the kernels take them: contents checked
     against S = ``total`` (see above), int64 and contiguous, the starts computed from the
@@ -73,30 +106,13 @@ def checked_shapes(spatial_shapes, level_start_index, total):
     versions, so a model that passes the same tensors to every layer pays the check, the
     conversion and the host copy once; while a CUDA graph is being captured nothing is
     copied to the host (the contents check is skipped) and nothing is remembered."""
-    key = _shapes_key(spatial_shapes, level_start_index, total)
-    entry = _checked_contents.get(key)
-    if (entry is not None and entry[0]() is spatial_shapes
-            and (level_start_index is None or entry[1]() is level_start_index)):
-        return entry[2], entry[3]
-    capturing = spatial_shapes.is_cuda and torch.cuda.is_current_stream_capturing()
-    if not capturing:
+    entry = _contents_already_checked(spatial_shapes, level_start_index, total)
+    if entry is None:
+        if spatial_shapes.is_cuda and torch.cuda.is_current_stream_capturing():
+            return _as_kernels_take(spatial_shapes, level_start_index)
         _check_contents(spatial_shapes, level_start_index, total)
-    shapes = spatial_shapes
-    if shapes.dtype is not torch.int64 or not shapes.is_contiguous():
-        shapes = shapes.to(torch.int64).contiguous()
-    if level_start_index is None:
-        starts = level_starts(shapes)
-    else:
-        starts = level_start_index
-        if starts.dtype is not torch.int64 or not starts.is_contiguous():
-            starts = starts.to(torch.int64).contiguous()
-    if not capturing:
-        if len(_checked_contents) > 256:
-            _checked_contents.clear()
-        _checked_contents[key] = (weakref.ref(spatial_shapes),
-                                  None if level_start_index is None
-                                  else weakref.ref(level_start_index), shapes, starts)
-    return shapes, starts
+        entry = _remember_contents(spatial_shapes, level_start_index, total)
+    return entry[2], entry[3]
 
 
 def _signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
@@ -150,9 +166,15 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
     """
     check_signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
                     attention_weights, im2col_step)
+    total = value.shape[1]
     if not check_contents or torch.compiler.is_compiling():
         return
-    checked_shapes(value_spatial_shapes, value_level_start_index, value.shape[1])
+    if value.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if _contents_already_checked(value_spatial_shapes, value_level_start_index, total):
+        return
+    _check_contents(value_spatial_shapes, value_level_start_index, total)
+    _remember_contents(value_spatial_shapes, value_level_start_index, total)
 
 
 def _check_signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
