@@ -189,7 +189,7 @@ def backward_launch(kernel, block_q, grad_output, value, spatial_shapes, level_s
 
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                   attention_weights, *, fp32_grad_accum=None, block_q=None,
-                  num_warps=None, kernel=None):
+                  num_warps=None, kernel=None, launcher=launch):
     """Launch the backward kernel on validated inputs.
 
     grad_output (B, Q, M*D) and the forward's inputs (value with contiguous channels and any
@@ -199,7 +199,8 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     ``fp32_grad_accum`` (default: ``default_fp32_grad_accum``) accumulates grad_value in an
     fp32 buffer instead of the value's dtype.  ``kernel`` ("loop", "tiled" or a "rows"
     variant), ``block_q`` and ``num_warps`` as for ``forward.msda_forward``: the loop kernel
-    defaults to (BWD_BLOCK_Q, BWD_NUM_WARPS); with nothing given, BACKWARD_PLAN decides.
+    defaults to (BWD_BLOCK_Q, BWD_NUM_WARPS); with nothing given, BACKWARD_PLAN decides;
+    ``launcher`` as for ``forward.msda_forward``.
     """
     if fp32_grad_accum is None:
         fp32_grad_accum = default_fp32_grad_accum(value.dtype, value.device)
@@ -219,7 +220,7 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
             kernel, block_q, grad_output.contiguous(), value, spatial_shapes,
             level_start_index, sampling_locations, attention_weights, grad_value, grad_loc,
             grad_attn)
-        launch(fn, grid, args, constexprs, num_warps)
+        launcher(fn, grid, args, constexprs, num_warps)
     elif grad_attn.numel() > 0:
         grad_loc.zero_()
         grad_attn.zero_()

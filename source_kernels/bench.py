@@ -661,6 +661,8 @@ def main(argv=None) -> int:
                         help="with --compile: time the compiled operator on these cases only")
     parser.add_argument("--sweep", action="store_true", help="add the launch-config sweeps")
     parser.add_argument("--no-bench", action="store_true", help="only the sweeps")
+    parser.add_argument("--no-dispatch", action="store_true",
+                        help="leave out the host-time breakdown of one eager call")
     parser.add_argument("--fast", action="store_true",
                         help="fewer repetitions per figure (same method): for a short GPU lease")
     parser.add_argument("--budget-s", type=float, default=None,
@@ -727,7 +729,7 @@ def main(argv=None) -> int:
     result["plan_used"] = {
         "forward": {f"{r},{s}": list(v) for (r, s), v in forward.FORWARD_PLAN.items()},
         "backward": {f"{r},{s}": list(v) for (r, s), v in backward.BACKWARD_PLAN.items()}}
-    if not args.no_bench and not out_of_time():
+    if not args.no_dispatch and not out_of_time():
         result["dispatch_breakdown_us"] = dispatch_breakdown(progress)
         result["dispatch_breakdown_fp32_us"] = dispatch_breakdown(progress, torch.float32)
     rows = []

@@ -145,7 +145,8 @@ def head_major(value: torch.Tensor) -> torch.Tensor:
 
 
 def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
-                 attention_weights, *, block_q=None, num_warps=None, kernel=None):
+                 attention_weights, *, block_q=None, num_warps=None, kernel=None,
+                 launcher=launch):
     """Launch the forward kernel on validated inputs.
 
     value (B, S, M, D) with contiguous channels (any other strides: pass ``head_major(value)``
@@ -154,7 +155,9 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     all on one device, value/locations/weights in one floating dtype.  Returns (B, Q, M*D).
     ``kernel`` is "loop", "tiled" or a "rows" variant (``rows_options``); with neither it
     nor ``block_q`` given, FORWARD_PLAN decides; with only ``block_q`` given, the loop kernel
-    runs with it.
+    runs with it.  ``launcher(kernel, grid, args, constexprs, num_warps)`` launches it
+    (``launch.launch``; ``source_kernels.traced`` passes one that hands the kernel to
+    torch.compile).
     """
     batch, _, heads, channels = value.shape
     queries = sampling_locations.shape[1]
@@ -168,7 +171,7 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     fn, grid, args, constexprs = forward_launch(kernel, block_q, value, spatial_shapes,
                                                 level_start_index, sampling_locations,
                                                 attention_weights, out)
-    launch(fn, grid, args, constexprs, num_warps)
+    launcher(fn, grid, args, constexprs, num_warps)
     return out
 
 

@@ -271,15 +271,14 @@ def sine_position_embedding(points: torch.Tensor, d_model: int,
     return torch.cat([emb[..., 1, :], emb[..., 0, :]], dim=-1)      # y first, then x
 
 
-class DeformableEncoderLayer(nn.Module):
-    """One encoder layer: deformable self-attention, then a ReLU feed-forward block, each
-    with dropout, a residual connection and a LayerNorm after it (post-norm)."""
+class _AttentionThenFFN(nn.Module):
+    """What an encoder and a decoder layer share: after the attention, dropout, a residual
+    connection and a LayerNorm; then a ReLU feed-forward block with the same (post-norm).
+    The parameter names are Deformable DETR's."""
 
-    def __init__(self, d_model: int = 256, d_ffn: int = 1024, dropout: float = 0.1,
-                 n_levels: int = 4, n_heads: int = 8, n_points: int = 4, *,
-                 core: CoreArg = "triton"):
-        super().__init__()
-        self.self_attn = MSDeformAttn(d_model, n_levels, n_heads, n_points, core=core)
+    def add_feed_forward(self, d_model: int, d_ffn: int, dropout: float):
+        """Create the layers after the attention (after it, so that a seeded model draws
+        its initial weights in Deformable DETR's order)."""
         self.dropout1 = nn.Dropout(dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.linear1 = nn.Linear(d_model, d_ffn)
@@ -288,15 +287,30 @@ class DeformableEncoderLayer(nn.Module):
         self.dropout3 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
 
+    def add_and_feed_forward(self, x, attended):
+        x = self.norm1(x + self.dropout1(attended))
+        hidden = self.linear2(self.dropout2(F.relu(self.linear1(x))))
+        return self.norm2(x + self.dropout3(hidden))
+
+
+class DeformableEncoderLayer(_AttentionThenFFN):
+    """One encoder layer: deformable self-attention, then a ReLU feed-forward block, each
+    with dropout, a residual connection and a LayerNorm after it (post-norm)."""
+
+    def __init__(self, d_model: int = 256, d_ffn: int = 1024, dropout: float = 0.1,
+                 n_levels: int = 4, n_heads: int = 8, n_points: int = 4, *,
+                 core: CoreArg = "triton"):
+        super().__init__()
+        self.self_attn = MSDeformAttn(d_model, n_levels, n_heads, n_points, core=core)
+        self.add_feed_forward(d_model, d_ffn, dropout)
+
     def forward(self, src, pos, reference_points, spatial_shapes, level_start_index,
                 padding_mask=None):
         """src, pos: (B, S, C); reference_points (B, S, L, 2); returns (B, S, C)."""
         query = src if pos is None else src + pos
         attended = self.self_attn(query, reference_points, src, spatial_shapes,
                                   level_start_index, padding_mask)
-        src = self.norm1(src + self.dropout1(attended))
-        hidden = self.linear2(self.dropout2(F.relu(self.linear1(src))))
-        return self.norm2(src + self.dropout3(hidden))
+        return self.add_and_feed_forward(src, attended)
 
 
 class DeformableEncoder(nn.Module):
@@ -346,7 +360,7 @@ class DeformableEncoder(nn.Module):
         return out
 
 
-class DeformableDecoderLayer(nn.Module):
+class DeformableDecoderLayer(_AttentionThenFFN):
     """One decoder layer without self-attention: MSDeformAttn cross-attention from the
     queries to the flattened pyramid, then a ReLU feed-forward block, each with dropout, a
     residual connection and a LayerNorm after it (post-norm)."""
@@ -356,13 +370,7 @@ class DeformableDecoderLayer(nn.Module):
                  core: CoreArg = "triton"):
         super().__init__()
         self.cross_attn = MSDeformAttn(d_model, n_levels, n_heads, n_points, core=core)
-        self.dropout1 = nn.Dropout(dropout)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.linear1 = nn.Linear(d_model, d_ffn)
-        self.dropout2 = nn.Dropout(dropout)
-        self.linear2 = nn.Linear(d_ffn, d_model)
-        self.dropout3 = nn.Dropout(dropout)
-        self.norm2 = nn.LayerNorm(d_model)
+        self.add_feed_forward(d_model, d_ffn, dropout)
 
     def forward(self, tgt, query_pos, reference_points, memory, spatial_shapes,
                 level_start_index, padding_mask=None):
@@ -371,9 +379,7 @@ class DeformableDecoderLayer(nn.Module):
         query = tgt if query_pos is None else tgt + query_pos
         attended = self.cross_attn(query, reference_points, memory, spatial_shapes,
                                    level_start_index, padding_mask)
-        tgt = self.norm1(tgt + self.dropout1(attended))
-        hidden = self.linear2(self.dropout2(F.relu(self.linear1(tgt))))
-        return self.norm2(tgt + self.dropout3(hidden))
+        return self.add_and_feed_forward(tgt, attended)
 
 
 class DeformableDecoder(nn.Module):

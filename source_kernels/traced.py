@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 from torch.library import triton_op, wrap_triton
 
-from .backward import (BACKWARD_PLAN, BWD_BLOCK_Q, BWD_NUM_WARPS, backward_launch,
-                       default_fp32_grad_accum, grad_value_buffer)
-from .forward import FORWARD_PLAN, choose, choose_launch, forward_launch
+from .backward import msda_backward
+from .forward import msda_forward
 from .launch import interpreting
 
 __all__ = ["msda_traced", "msda_traced_backward", "kernels_visible"]
@@ -30,8 +29,10 @@ def kernels_visible(value: torch.Tensor) -> bool:
     return value.is_cuda and not interpreting()
 
 
-def _launcher(fn):
-    return fn if interpreting() else wrap_triton(fn)
+def _hand_to_compiler(fn, grid, args, constexprs, num_warps):
+    """Launch through ``wrap_triton``: under torch.compile, a node of the graph."""
+    launcher = fn if interpreting() else wrap_triton(fn)
+    launcher[grid](*args, **constexprs, num_warps=num_warps)
 
 
 @triton_op("source_kernels::msda_traced", mutates_args=())
@@ -40,19 +41,8 @@ def msda_traced(value: torch.Tensor, value_spatial_shapes: torch.Tensor,
                 attention_weights: torch.Tensor) -> torch.Tensor:
     """MSDA forward (inputs validated; int64 shapes and starts; contiguous locations and
     weights) with the kernel of FORWARD_PLAN."""
-    batch, _, heads, channels = value.shape
-    queries = sampling_locations.shape[1]
-    out = value.new_empty(batch, queries, heads * channels)
-    if out.numel() == 0:
-        return out
-    if value.stride(3) != 1:
-        value = value.contiguous()
-    kernel, block, warps = choose(FORWARD_PLAN, value, queries, None, None, None)
-    fn, grid, args, constexprs = forward_launch(kernel, block, value, value_spatial_shapes,
-                                                value_level_start_index, sampling_locations,
-                                                attention_weights, out)
-    _launcher(fn)[grid](*args, **constexprs, num_warps=warps)
-    return out
+    return msda_forward(value, value_spatial_shapes, value_level_start_index,
+                        sampling_locations, attention_weights, launcher=_hand_to_compiler)
 
 
 @triton_op("source_kernels::msda_traced_backward", mutates_args=())
@@ -63,24 +53,9 @@ def msda_traced_backward(grad_output: torch.Tensor, value: torch.Tensor,
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The three gradients, with the kernel of BACKWARD_PLAN and the device's default for
     the fp32 accumulation buffer."""
-    grad_output = grad_output.contiguous()
-    if value.stride(3) != 1:
-        value = value.contiguous()
-    accum = default_fp32_grad_accum(value.dtype, value.device)
-    grad_value = grad_value_buffer(value, accum)
-    grad_loc = torch.empty_like(sampling_locations)
-    grad_attn = torch.empty_like(attention_weights)
-    if grad_attn.numel() > 0 and value.numel() > 0:
-        kernel, block, warps = choose_launch(BACKWARD_PLAN, value, sampling_locations.shape[1],
-                                             None, None, None, BWD_BLOCK_Q, BWD_NUM_WARPS)
-        fn, grid, args, constexprs = backward_launch(
-            kernel, block, grad_output, value, value_spatial_shapes, value_level_start_index,
-            sampling_locations, attention_weights, grad_value, grad_loc, grad_attn)
-        _launcher(fn)[grid](*args, **constexprs, num_warps=warps)
-    elif grad_attn.numel() > 0:
-        grad_loc.zero_()
-        grad_attn.zero_()
-    return grad_value.to(value.dtype).contiguous(), grad_loc, grad_attn
+    return msda_backward(grad_output.contiguous(), value, value_spatial_shapes,
+                         value_level_start_index, sampling_locations, attention_weights,
+                         launcher=_hand_to_compiler)
 
 
 def _setup_context(ctx, inputs, output):

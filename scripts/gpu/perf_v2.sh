@@ -79,7 +79,7 @@ fi
 # 2. the sweep, most important (preset, dtype) first; then the plan it chose
 if want sweep; then
 SWEEP_S=$(( $(left 150) < 165 ? $(left 150) : 165 ))
-run sweep $(( SWEEP_S + 40 )) python3 -m source_kernels.bench --sweep --no-bench \
+run sweep $(( SWEEP_S + 40 )) python3 -m source_kernels.bench --sweep --no-bench --no-dispatch \
   --sweep-local-encoder --budget-s "$SWEEP_S" --out "$OUT/sweep_h200.json" --sweep-cases \
   decoder/bf16 encoder/bf16 decoder/fp32 encoder/fp32 decoder/fp64 decoder-b32/bf16 \
   decoder-b32/fp32 encoder/fp64 decoder-b32/fp64
