@@ -733,12 +733,17 @@ def main(argv=None) -> int:
         result["dispatch_breakdown_us"] = dispatch_breakdown(progress)
         result["dispatch_breakdown_fp32_us"] = dispatch_breakdown(progress, torch.float32)
     rows = []
-    compile_cases = set(args.compile_cases or [])
-    # every case eagerly first (cheap), then the compiled operator (compiles take seconds)
-    order = [(case, impl) for group in ([i for i in impls if i not in COMPILED],
-                                        [i for i in impls if i in COMPILED])
-             for case in cases for impl in group
-             if impl not in COMPILED or not compile_cases or "/".join(case) in compile_cases]
+    compile_cases = [tuple(c.split("/")) for c in args.compile_cases or []]
+    plain = [i for i in impls if i not in COMPILED]
+    compiled = [i for i in impls if i in COMPILED]
+    if compile_cases:
+        # the named cases first, eagerly then compiled; then every other case eagerly
+        first = [c for c in cases if c in compile_cases]
+        order = ([(c, i) for c in first for i in plain + compiled]
+                 + [(c, i) for c in cases if c not in compile_cases for i in plain])
+    else:
+        # every case eagerly first (cheap), then compiled (compiles take seconds)
+        order = [(c, i) for group in (plain, compiled) for c in cases for i in group]
     for (preset, distribution, dtype_name), impl in order:
         if out_of_time():
             break

@@ -7,18 +7,18 @@
 #              time (profiler, L2 flushed); the plan is the fastest correct one per regime
 #              and element size, written into forward.py/backward.py of this copy
 #              (plan.diff keeps it) and used by every step after it;
-#   3. limits: decoder_limits.py and dispatch_profile.py with that plan;
-#   4. bench:  the operator as users call it, per case: device time, do_bench
+#   3. bench:  the operator as users call it, per case: device time, do_bench
 #              (host-inclusive), eager dispatch (forward and forward+backward), CUDA-graph
-#              replay, peak memory; then torch.compile default and reduce-overhead on the
-#              decoder cases;
+#              replay, peak memory; on the decoder cases also torch.compile default and
+#              reduce-overhead;
+#   4. limits: decoder_limits.py and dispatch_profile.py with that plan;
 #   5. model:  whole training steps (scripts/gpu/model_steps.py), eager and compiled.
 # Every step writes its JSON as it goes and stops starting new measurements at its own
 # budget; the whole run ends its last step by BUDGET seconds (default 525).  What does not
 # fit (usually the training steps) is for a second call:
-#   OUT=dir PARTS="bench model" PLAN=results/sweep_h200.json bash scripts/gpu/perf_v2.sh
+#   OUT=dir PARTS="limits model" PLAN=results/sweep_h200.json bash scripts/gpu/perf_v2.sh
 # (PLAN: a sweep's results file whose plan is written into this copy first; PARTS: any of
-# tests sweep limits bench model, in that order.)
+# tests sweep bench limits model, run in that order.)
 # Usage, from the repository root:  OUT=dir bash scripts/gpu/perf_v2.sh
 # Writes under $OUT: gpu_tests.json (+ logs), warm_kernels.json, sweep_h200.json,
 # plan.diff, decoder_limits_h200.json, dispatch_profile_h200.json, bench_h200.json,
@@ -26,7 +26,7 @@
 set -u
 OUT=${OUT:?set OUT to the folder for the results}
 BUDGET=${BUDGET:-525}
-PARTS=" ${PARTS:-tests sweep limits bench model} "
+PARTS=" ${PARTS:-tests sweep bench limits model} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 START=$(date +%s)
 LOGS=$OUT/logs
@@ -78,23 +78,17 @@ fi
 
 # 2. the sweep, most important (preset, dtype) first; then the plan it chose
 if want sweep; then
-SWEEP_S=$(( $(left 150) < 165 ? $(left 150) : 165 ))
-run sweep $(( SWEEP_S + 40 )) python3 -m source_kernels.bench --sweep --no-bench --no-dispatch \
+SWEEP_S=$(( $(left 160) < 150 ? $(left 160) : 150 ))
+run sweep $(( SWEEP_S + 35 )) python3 -m source_kernels.bench --sweep --no-bench --no-dispatch \
   --sweep-local-encoder --budget-s "$SWEEP_S" --out "$OUT/sweep_h200.json" --sweep-cases \
   decoder/bf16 encoder/bf16 decoder/fp32 encoder/fp32 decoder/fp64 decoder-b32/bf16 \
   decoder-b32/fp32 encoder/fp64 decoder-b32/fp64
 write_plan "$OUT/sweep_h200.json"
 fi
 
-# 3. what bounds the decoder, where the host time goes, with the new plan
-if want limits; then
-run decoder_limits 40 python3 scripts/gpu/decoder_limits.py "$OUT"
-run dispatch_profile 40 python3 scripts/gpu/dispatch_profile.py "$OUT" --calls 500
-fi
-
-# 4. the operator as users call it
+# 3. the operator as users call it: the decoder cases eagerly and compiled, then the rest
 if want bench; then
-BENCH_S=$(( $(left 20) < 140 ? $(left 20) : 140 ))
+BENCH_S=$(( $(left 40) < 125 ? $(left 40) : 125 ))
 run bench $(( BENCH_S + 30 )) python3 -m source_kernels.bench --fast --impls triton \
   --compile --budget-s "$BENCH_S" --out "$OUT/bench_h200.json" --cases \
   decoder/uniform/bf16 decoder/uniform/fp32 encoder/uniform/bf16 encoder/local/bf16 \
@@ -102,6 +96,14 @@ run bench $(( BENCH_S + 30 )) python3 -m source_kernels.bench --fast --impls tri
   decoder-b32/uniform/bf16 decoder-b32/uniform/fp32 encoder/uniform/fp64 \
   decoder-b32/uniform/fp64 decoder/local/bf16 decoder/uniform/fp16 encoder/local/fp16 \
   --compile-cases decoder/uniform/bf16 decoder/uniform/fp32
+fi
+
+# 4. what bounds the decoder, where the host time goes, with the new plan
+if want limits && [ "$(left 0)" -gt 45 ]; then
+run decoder_limits 30 python3 scripts/gpu/decoder_limits.py "$OUT"
+run dispatch_profile 30 python3 scripts/gpu/dispatch_profile.py "$OUT" --calls 500
+elif want limits; then
+  note "limits skipped: $(left 0)s left"
 fi
 
 # 5. training steps, as long as the budget allows
