@@ -503,6 +503,13 @@ def sweep(progress, presets=("decoder", "encoder"), distributions=("uniform",),
     return results
 
 
+def split_sweep(rows):
+    """{"sweep": the timed rows, "sweep_rejected": the candidates that gave a wrong result
+    or failed, with the reason}: the book reads "sweep" and expects a time in each row."""
+    return {"sweep": [r for r in rows if "us" in r],
+            "sweep_rejected": [r for r in rows if "us" not in r]}
+
+
 def plan_from_sweep(rows, distribution="uniform"):
     """The fastest correct (kernel, BLOCK_Q, num_warps) per direction, regime and element
     size on ``distribution`` locations: the plan that source_kernels.forward.FORWARD_PLAN /
@@ -718,9 +725,10 @@ def main(argv=None) -> int:
         extra = ({("encoder", "forward"): ("local",)} if args.sweep_local_encoder else {})
         order = ([tuple(case.split("/")) for case in args.sweep_cases]
                  if args.sweep_cases else None)
-        result["sweep"] = sweep(progress, args.sweep_presets, args.sweep_distributions,
-                                args.sweep_dtypes, extra_distributions=extra, cases=order,
-                                on_row=lambda rows: _write(args.out, dict(result, sweep=rows)))
+        rows = sweep(progress, args.sweep_presets, args.sweep_distributions,
+                     args.sweep_dtypes, extra_distributions=extra, cases=order,
+                     on_row=lambda rows: _write(args.out, dict(result, **split_sweep(rows))))
+        result.update(split_sweep(rows))
         result["plan"] = plan_from_sweep(result["sweep"])
         apply_plan(result["plan"])
         progress(f"plan from the sweep: {json.dumps(result['plan'])}")
