@@ -20,13 +20,12 @@ regime (``forward.regime``) and element size.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from .forward import launch_variant, regime
+from .forward import choose_launch, variant_launch
+from .launch import interpreting, launch
 from .sampling import corner_tile, pixel_corners
 from .tiled import _msda_backward_tiled_kernel
 
@@ -47,8 +46,9 @@ BWD_NUM_WARPS = 4
 # The operator's plan per regime and element size (see forward.FORWARD_PLAN): (kernel,
 # BLOCK_Q, num_warps), fixed from the same sweep.
 BACKWARD_PLAN = {
-    ("small", 2): ("tiled", 1, 2), ("small", 4): ("loop", 8, 2),
-    ("large", 2): ("tiled", 1, 1), ("large", 4): ("tiled", 1, 2),
+    ("small", 2): ("tiled", 1, 2), ("small", 4): ("loop", 8, 2), ("small", 8): ("loop", 8, 2),
+    ("medium", 2): ("tiled", 1, 2), ("medium", 4): ("loop", 8, 2), ("medium", 8): ("loop", 8, 2),
+    ("large", 2): ("tiled", 1, 1), ("large", 4): ("tiled", 1, 2), ("large", 8): ("tiled", 1, 2),
 }
 
 
@@ -145,8 +145,8 @@ def _gather_dot_scatter(value_bm, grad_value_bm, offsets, mask, g, scale, ACC_DT
     return tl.sum(g * v, axis=1)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_interpreting = interpreting
+_capabilities: dict = {}
 
 
 def default_fp32_grad_accum(dtype: torch.dtype, device) -> bool:
@@ -159,15 +159,41 @@ def default_fp32_grad_accum(dtype: torch.dtype, device) -> bool:
     if dtype != torch.bfloat16:
         return False
     device = torch.device(device)
-    if device.type != "cuda" or _interpreting():
+    if device.type != "cuda" or interpreting():
         return True
-    major, _ = torch.cuda.get_device_capability(device)
-    return major < 9
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capabilities:
+        _capabilities[index] = torch.cuda.get_device_capability(index)
+    return _capabilities[index][0] < 9
+
+
+def grad_value_buffer(value, fp32_grad_accum):
+    """A zeroed buffer for grad_value in value's own layout (the strides the kernel indexes
+    both with), in fp32 when ``fp32_grad_accum`` and value is 16-bit."""
+    accum_dtype = torch.float32 if (fp32_grad_accum and value.dtype in
+                                    (torch.float16, torch.bfloat16)) else value.dtype
+    if value.is_contiguous():
+        return torch.zeros(value.shape, dtype=accum_dtype, device=value.device)
+    order = sorted(range(4), key=lambda axis: -value.stride(axis))
+    return torch.zeros([value.shape[a] for a in order], dtype=accum_dtype,
+                       device=value.device).permute(*[order.index(a) for a in range(4)])
+
+
+def backward_launch(kernel, block_q, grad_output, value, spatial_shapes, level_start_index,
+                    sampling_locations, attention_weights, grad_value, grad_loc, grad_attn):
+    """(kernel function, grid, runtime arguments, compile-time arguments) of one backward
+    launch of the named variant (see ``forward.forward_launch``)."""
+    from .rows import _msda_backward_rows_kernel
+    tensors = (grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+               attention_weights, grad_value, grad_loc, grad_attn)
+    return variant_launch(kernel, (_msda_backward_kernel, _msda_backward_tiled_kernel,
+                                   _msda_backward_rows_kernel), tensors, value,
+                          sampling_locations, block_q)
 
 
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                   attention_weights, *, fp32_grad_accum=None, block_q=None,
-                  num_warps=None, kernel=None):
+                  num_warps=None, kernel=None, launcher=launch):
     """Launch the backward kernel on validated inputs.
 
     grad_output (B, Q, M*D) and the forward's inputs (value with contiguous channels and any
@@ -175,43 +201,35 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     (B, S, M, D) contiguous, grad_sampling_locations (B, Q, M, L, K, 2),
     grad_attention_weights (B, Q, M, L, K)), each in the dtype of its input.
     ``fp32_grad_accum`` (default: ``default_fp32_grad_accum``) accumulates grad_value in an
-    fp32 buffer instead of the value's dtype.  ``kernel`` ("loop" or "tiled"), ``block_q``
-    and ``num_warps`` as for ``forward.msda_forward``: the loop kernel defaults to
-    (BWD_BLOCK_Q, BWD_NUM_WARPS); with nothing given, BACKWARD_PLAN decides.
+    fp32 buffer instead of the value's dtype.  ``kernel`` ("loop", "tiled" or a "rows"
+    variant), ``block_q`` and ``num_warps`` as for ``forward.msda_forward``: the loop kernel
+    defaults to (BWD_BLOCK_Q, BWD_NUM_WARPS); with nothing given, BACKWARD_PLAN decides;
+    ``launcher`` as for ``forward.msda_forward``.
     """
-    batch, total, heads, channels = value.shape
-    _, queries, _, levels, points, _ = sampling_locations.shape
     if fp32_grad_accum is None:
         fp32_grad_accum = default_fp32_grad_accum(value.dtype, value.device)
-    if value.dtype == torch.bfloat16 and _interpreting() and not fp32_grad_accum:
+    if value.dtype == torch.bfloat16 and interpreting() and not fp32_grad_accum:
         raise ValueError("fp32_grad_accum=False with bf16 needs a GPU: Triton's interpreter "
                          "has no bf16 atomic add")
     if value.stride(3) != 1:
         value = value.contiguous()
-    accum_dtype = torch.float32 if (fp32_grad_accum and value.dtype in
-                                    (torch.float16, torch.bfloat16)) else value.dtype
-    # grad_value in value's own layout (the strides the kernel indexes both with)
-    order = sorted(range(4), key=lambda axis: -value.stride(axis))
-    grad_value = torch.zeros([value.shape[a] for a in order], dtype=accum_dtype,
-                             device=value.device).permute(*[order.index(a) for a in range(4)])
+    grad_value = grad_value_buffer(value, fp32_grad_accum)
     grad_loc = torch.empty_like(sampling_locations)
     grad_attn = torch.empty_like(attention_weights)
-    if kernel is None and block_q is None:
-        kernel, block_q, planned_warps = BACKWARD_PLAN[(regime(batch, queries, heads),
-                                                         min(value.element_size(), 4))]
-        num_warps = num_warps or planned_warps
-    kernel = kernel or "loop"
-    block_q = block_q or BWD_BLOCK_Q
-    num_warps = num_warps or BWD_NUM_WARPS
+    kernel, block_q, num_warps = choose_launch(
+        BACKWARD_PLAN, value, sampling_locations.shape[1], kernel, block_q, num_warps,
+        BWD_BLOCK_Q, BWD_NUM_WARPS)
     if grad_attn.numel() > 0 and value.numel() > 0:
-        args = (grad_output.contiguous(), value, spatial_shapes, level_start_index,
-                sampling_locations, attention_weights, grad_value, grad_loc, grad_attn,
-                value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
-        launch_variant(kernel, _msda_backward_kernel, _msda_backward_tiled_kernel, args,
-                       value.dtype, batch, heads, queries, channels, levels, points, block_q,
-                       num_warps)
+        fn, grid, args, constexprs = backward_launch(
+            kernel, block_q, grad_output.contiguous(), value, spatial_shapes,
+            level_start_index, sampling_locations, attention_weights, grad_value, grad_loc,
+            grad_attn)
+        launcher(fn, grid, args, constexprs, num_warps)
     elif grad_attn.numel() > 0:
         grad_loc.zero_()
         grad_attn.zero_()
-    return grad_value.to(value.dtype).contiguous(), grad_loc, grad_attn
-
+    if grad_value.dtype != value.dtype:
+        grad_value = grad_value.to(value.dtype)
+    if not grad_value.is_contiguous():
+        grad_value = grad_value.contiguous()
+    return grad_value, grad_loc, grad_attn

@@ -113,19 +113,36 @@ def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
 # Launch plan for the operator, chosen by the H200 sweep that source_kernels.bench records in
 # results/sweep_h200.json ("plan"): (kernel, BLOCK_Q, num_warps) per regime and element size.
 # "loop" is _msda_forward_kernel above (samples one after another); "tiled" is
-# tiled._msda_forward_tiled_kernel (all samples of a query in one tile).  Small problems are
-# bound by memory latency, large ones by the rate of gathers.
+# tiled._msda_forward_tiled_kernel (all samples of a query in one tile); "rows..." are the
+# row-blocked kernels of rows.py (see ``rows_options``), whose BLOCK_Q counts rows of the flat
+# (batch, query, head) axis.  Small problems are bound by memory latency, large ones by the
+# rate of gathers.
 FORWARD_PLAN = {
-    ("small", 2): ("tiled", 1, 1), ("small", 4): ("tiled", 1, 1),
-    ("large", 2): ("loop", 16, 2), ("large", 4): ("loop", 16, 4),
+    ("small", 2): ("tiled", 1, 1), ("small", 4): ("tiled", 1, 1), ("small", 8): ("tiled", 1, 1),
+    ("medium", 2): ("tiled", 1, 1), ("medium", 4): ("tiled", 1, 1), ("medium", 8): ("tiled", 1, 1),
+    ("large", 2): ("loop", 16, 2), ("large", 4): ("loop", 16, 4), ("large", 8): ("loop", 16, 4),
 }
+SMALL_ROWS = 2 ** 14          # B*Q*M up to which a call counts as "small" (the decoder's 9,600)
 LARGE_ROWS = 2 ** 17          # B*Q*M above which a call counts as "large"
 
 
 def regime(batch: int, queries: int, heads: int) -> str:
-    """The launch plans' key: "large" for a call of more than LARGE_ROWS output rows
-    (batch * queries * heads), "small" otherwise."""
-    return "large" if batch * queries * heads > LARGE_ROWS else "small"
+    """"small" (a decoder), "medium" (a decoder with a large batch) or "large" (an encoder):
+    by the number B*Q*M of (batch, query, head) rows."""
+    rows = batch * queries * heads
+    return "large" if rows > LARGE_ROWS else "medium" if rows > SMALL_ROWS else "small"
+
+
+def planned(plan: dict, batch: int, queries: int, heads: int, element_size: int):
+    """The (kernel, BLOCK_Q, num_warps) a plan gives a problem; an element size the plan
+    has no entry for takes the entry of the next smaller one (fp64 that of fp32)."""
+    size = element_size
+    name = regime(batch, queries, heads)
+    if not any(r == name for r, _ in plan):
+        name = "small"                       # a plan without this regime: the small one's
+    while (name, size) not in plan and size > 1:
+        size //= 2
+    return plan[(name, size)]
 
 
 def head_major(value: torch.Tensor) -> torch.Tensor:
@@ -135,51 +152,132 @@ def head_major(value: torch.Tensor) -> torch.Tensor:
 
 
 def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
-                 attention_weights, *, block_q=None, num_warps=None, kernel=None):
+                 attention_weights, *, block_q=None, num_warps=None, kernel=None,
+                 launcher=launch):
     """Launch the forward kernel on validated inputs.
 
     value (B, S, M, D) with contiguous channels (any other strides: pass ``head_major(value)``
     for the head-major layout); spatial_shapes (L, 2) int64; level_start_index (L,) int64;
     sampling_locations (B, Q, M, L, K, 2) and attention_weights (B, Q, M, L, K) contiguous;
     all on one device, value/locations/weights in one floating dtype.  Returns (B, Q, M*D).
-    ``kernel`` is "loop" or "tiled"; with neither it nor ``block_q`` given, FORWARD_PLAN
-    decides; with only ``block_q`` given, the loop kernel runs with it.
+    ``kernel`` is "loop", "tiled" or a "rows" variant (``rows_options``); with neither it
+    nor ``block_q`` given, FORWARD_PLAN decides; with only ``block_q`` given, the loop kernel
+    runs with it.  ``launcher(kernel, grid, args, constexprs, num_warps)`` launches it
+    (``launch.launch``; ``source_kernels.traced`` passes one that hands the kernel to
+    torch.compile).
     """
     batch, _, heads, channels = value.shape
-    _, queries, _, levels, points, _ = sampling_locations.shape
+    queries = sampling_locations.shape[1]
     out = value.new_empty(batch, queries, heads * channels)
     if out.numel() == 0:
         return out
     if value.stride(3) != 1:
         value = value.contiguous()
-    if kernel is None and block_q is None:
-        kernel, block_q, planned_warps = FORWARD_PLAN[(regime(batch, queries, heads),
-                                                        min(value.element_size(), 4))]
-        num_warps = num_warps or planned_warps
-    kernel = kernel or "loop"
-    cfg_q, cfg_warps = forward_config(channels, value.dtype)
-    block_q = block_q or cfg_q
-    num_warps = num_warps or cfg_warps
-    args = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-            out, value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
-    launch_variant(kernel, _msda_forward_kernel, _msda_forward_tiled_kernel, args,
-                   value.dtype, batch, heads, queries, channels, levels, points, block_q,
-                   num_warps)
+    kernel, block_q, num_warps = choose(FORWARD_PLAN, value, queries, kernel, block_q,
+                                        num_warps)
+    fn, grid, args, constexprs = forward_launch(kernel, block_q, value, spatial_shapes,
+                                                level_start_index, sampling_locations,
+                                                attention_weights, out)
+    launcher(fn, grid, args, constexprs, num_warps)
     return out
 
 
-def launch_variant(kernel, loop_kernel, tiled_kernel, args, dtype, batch, heads, queries,
-                   channels, levels, points, block_q, num_warps):
-    """Launch the "loop" or the "tiled" kernel of a pair (forward or backward) on a grid of
-    (query blocks, batch * heads), with the compile-time sizes both take (the tiled one also
-    the L*K sample axis padded to a power of two) and fp32 arithmetic (fp64 for fp64)."""
-    grid = (cdiv(queries, block_q), batch * heads)
-    constexprs = dict(L=levels, K=points, BLOCK_Q=block_q, BLOCK_D=next_power_of_2(channels),
-                      ACC_DTYPE=tl.float64 if dtype == torch.float64 else tl.float32)
-    if kernel == "tiled":
-        constexprs["LK_PAD"] = next_power_of_2(levels * points)
-        launch(tiled_kernel, grid, args, constexprs, num_warps)
-    elif kernel == "loop":
-        launch(loop_kernel, grid, args, constexprs, num_warps)
-    else:
-        raise ValueError(f"kernel must be 'loop' or 'tiled', got {kernel!r}")
+def choose(plan, value, queries, kernel, block_q, num_warps):
+    """(kernel, BLOCK_Q, num_warps) of a forward call: the plan's where nothing is asked
+    for, the loop kernel at ``forward_config`` where only part is."""
+    cfg_q, cfg_warps = forward_config(value.shape[3], value.dtype)
+    return choose_launch(plan, value, queries, kernel, block_q, num_warps, cfg_q, cfg_warps)
+
+
+def choose_launch(plan, value, queries, kernel, block_q, num_warps, default_q, default_warps):
+    """(kernel, BLOCK_Q, num_warps): the plan's where neither a kernel nor a block size is
+    asked for, else the loop kernel with the defaults for what is not given."""
+    if kernel is None and block_q is None:
+        batch, _, heads, _ = value.shape
+        kernel, block_q, planned_warps = planned(plan, batch, queries, heads,
+                                                 value.element_size())
+        num_warps = num_warps or planned_warps
+    return kernel or "loop", block_q or default_q, num_warps or default_warps
+
+
+def forward_launch(kernel, block_q, value, spatial_shapes, level_start_index,
+                   sampling_locations, attention_weights, out):
+    """(kernel function, grid, runtime arguments, compile-time arguments) of one forward
+    launch of the named variant: what ``launch``, ``bind`` and ``torch.library.wrap_triton``
+    take."""
+    from .rows import _msda_forward_rows_kernel
+    tensors = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+               out)
+    return variant_launch(kernel, (_msda_forward_kernel, _msda_forward_tiled_kernel,
+                                   _msda_forward_rows_kernel), tensors, value,
+                          sampling_locations, block_q, persistent_ok=True)
+
+
+def rows_options(kernel: str) -> dict:
+    """The compile-time switches of a "rows" variant named like "rows-level-hm":
+    "rows" takes every sample of a row at once, "-level" one level, "-sample" one sample at
+    a time; "-hm" numbers the rows head-major (neighbouring queries of one head together);
+    "-persistent" (forward) walks blocks with a few programs per SM."""
+    parts = kernel.split("-")
+    if parts[0] != "rows" or any(p not in ("level", "sample", "hm", "persistent")
+                                 for p in parts[1:]):
+        raise ValueError(f"kernel must be 'loop', 'tiled' or a 'rows' variant such as "
+                         f"'rows-level-hm', got {kernel!r}")
+    return {"chunk": "level" if "level" in parts else "sample" if "sample" in parts else "all",
+            "head_major": "hm" in parts, "persistent": "persistent" in parts}
+
+
+# Programs per SM of a persistent launch, and the SM count (read once per device).
+PERSISTENT_PROGRAMS_PER_SM = 4
+_sm_counts: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _sm_counts:
+        _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _sm_counts[index]
+
+
+def wide_offsets(value, sampling_locations) -> bool:
+    """Whether element offsets need int64: value's extent (with room for the corners that
+    fall off a map, which are masked but still computed) or the parameters' size near 2**31."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(value.shape, value.stride()))
+    return 4 * span >= 2 ** 31 or 2 * sampling_locations.numel() >= 2 ** 31
+
+
+def variant_launch(kernel, kernels, tensors, value, sampling_locations, block_q, *,
+                   persistent_ok=False):
+    """The launch of the "loop", "tiled" or "rows" kernel of a triple (forward or backward:
+    ``kernels``) on ``tensors`` (the kernel's pointer arguments).  Loop and tiled kernels
+    run on a grid of (query blocks, batch * heads), rows kernels on blocks of the flat row
+    axis; every kernel gets the compile-time sizes, fp32 arithmetic (fp64 for fp64)."""
+    loop_kernel, tiled_kernel, rows_kernel = kernels
+    batch, _, heads, channels = value.shape
+    _, queries, _, levels, points, _ = sampling_locations.shape
+    ints = (value.stride(0), value.stride(1), value.stride(2), queries, heads, channels)
+    block_d = next_power_of_2(channels)
+    if kernel in ("loop", "tiled"):
+        grid = (cdiv(queries, block_q), batch * heads)
+        constexprs = dict(L=levels, K=points, BLOCK_Q=block_q, BLOCK_D=block_d,
+                          ACC_DTYPE=tl.float64 if value.dtype == torch.float64 else tl.float32)
+        if kernel == "tiled":
+            constexprs["LK_PAD"] = next_power_of_2(levels * points)
+            return tiled_kernel, grid, tensors + ints, constexprs
+        return loop_kernel, grid, tensors + ints, constexprs
+    options = rows_options(kernel)
+    rows = batch * queries * heads
+    chunk = {"all": levels * points, "level": points, "sample": 1}[options["chunk"]]
+    blocks = cdiv(rows, block_q)
+    constexprs = dict(L=levels, K=points, BLOCK_R=block_q, BLOCK_D=block_d, CHUNK=chunk,
+                      N_PAD=next_power_of_2(chunk), HEAD_MAJOR=options["head_major"],
+                      WIDE=wide_offsets(value, sampling_locations))
+    if persistent_ok:
+        constexprs["PERSISTENT"] = options["persistent"]
+        if options["persistent"]:
+            blocks = min(blocks, PERSISTENT_PROGRAMS_PER_SM * _sm_count(value.device))
+    elif options["persistent"]:
+        raise ValueError(f"{kernel!r}: only the forward has a persistent variant")
+    return rows_kernel, (blocks,), tensors + ints + (rows,), constexprs

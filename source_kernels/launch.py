@@ -3,15 +3,23 @@
 Every ``kernel[grid](*args)`` call makes Triton bind the arguments to the signature, work out
 their specialisation (each pointer's dtype and 16-byte alignment, each integer's width and
 whether it equals 1 or is divisible by 16), hash all of it into a cache key and look the
-compiled kernel up.  On a GPU host with a slow CPU that costs tens of microseconds per call,
-more than the decoder-sized kernel itself runs.
+compiled kernel up; its launcher then calls each tensor's ``data_ptr()`` and asks the driver
+whether the pointer is a device pointer.  On a GPU host with a slow CPU that costs tens of
+microseconds per call, more than a decoder-sized kernel runs.
 
-``launch(kernel, grid, args, constexprs, num_warps)`` does the look-up once per
-specialisation: its own key is computed from the same properties Triton specialises on (so
-two calls with one key always get the same compiled kernel), and a hit calls the compiled
-kernel's launcher directly.  A miss, the CPU interpreter, and any active launch hook
-(profilers, the grader's launch counter, which patches ``JITFunction.run``) take Triton's
-ordinary path, so nothing that watches launches is bypassed.
+Two ways around it, both falling back to Triton's ordinary path on a miss, in the CPU
+interpreter and while anything watches launches (Triton's launch hooks, which profilers
+set; a patched ``JITFunction.run``, which the grader's launch counter installs):
+
+- ``launch(kernel, grid, args, constexprs, num_warps)`` does the look-up once per
+  specialisation: its own key is computed from the same properties Triton specialises on
+  (so two calls with one key always get the same compiled kernel), and a hit calls the
+  compiled kernel's launcher directly;
+- ``bind(kernel, grid, args, constexprs, num_warps)`` launches once through Triton and
+  returns a ``BoundLaunch``: the compiled kernel with its grid, integer arguments and
+  compile-time values fixed.  Calling it with the pointer arguments as plain integers
+  (``tensor.data_ptr()``) launches the kernel on the current stream and nothing else; the
+  operator keeps one per argument signature (``source_kernels.op``).
 """
 from __future__ import annotations
 
@@ -21,13 +29,18 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-__all__ = ["launch", "cdiv", "next_power_of_2"]
+__all__ = ["launch", "bind", "BoundLaunch", "cdiv", "next_power_of_2", "interpreting",
+           "hooks_active"]
 
 _compiled: dict = {}
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether Triton's CPU interpreter runs the kernels in this process."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+_interpreting = interpreting          # the name the package's other modules import
 
 
 def cdiv(a: int, b: int) -> int:
@@ -69,16 +82,41 @@ def _hook_set(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _hooks_active() -> bool:
-    """Whether something watches launches: Triton's launch hooks, or a patched run()."""
-    runtime = _KNOBS.runtime if _KNOBS is not None else None
-    return (runtime is None or _hook_set(runtime.launch_enter_hook)
-            or _hook_set(runtime.launch_exit_hook)
-            or JITFunction.__dict__.get("run") is not _ORIGINAL_RUN)
-
-
 _KNOBS = getattr(triton, "knobs", None)
+_RUNTIME = _KNOBS.runtime if _KNOBS is not None else None
 _ORIGINAL_RUN = JITFunction.__dict__.get("run")
+_JIT_DICT = JITFunction.__dict__
+
+
+_ENTER = getattr(_RUNTIME, "launch_enter_hook", None)
+_EXIT = getattr(_RUNTIME, "launch_exit_hook", None)
+
+
+def hooks_active() -> bool:
+    """Whether something watches launches: Triton's launch hooks, or a patched run()."""
+    if (_ENTER is not None and _RUNTIME.launch_enter_hook is _ENTER
+            and _RUNTIME.launch_exit_hook is _EXIT and not getattr(_ENTER, "calls", True)
+            and not getattr(_EXIT, "calls", True)):
+        # the usual case: Triton's own empty hook chains
+        return _JIT_DICT.get("run") is not _ORIGINAL_RUN
+    return (_RUNTIME is None or _hook_set(_RUNTIME.launch_enter_hook)
+            or _hook_set(_RUNTIME.launch_exit_hook)
+            or _JIT_DICT.get("run") is not _ORIGINAL_RUN)
+
+
+_hooks_active = hooks_active          # the name earlier code and tests use
+
+
+class _Driver:
+    """The active driver's two per-launch queries, looked up once."""
+    current_device = None
+    current_stream = None
+
+    @classmethod
+    def load(cls):
+        driver = triton.runtime.driver.active
+        cls.current_device = driver.get_current_device
+        cls.current_stream = driver.get_current_stream
 
 
 def launch(kernel, grid, args, constexprs: dict, num_warps: int):
@@ -88,16 +126,17 @@ def launch(kernel, grid, args, constexprs: dict, num_warps: int):
     ``args`` are the runtime arguments in signature order (tensors and ints); the
     compile-time ``constexprs`` follow them in the signature.
     """
-    if not args[0].is_cuda or _interpreting():
+    if not args[0].is_cuda or interpreting():
         kernel[grid](*args, **constexprs, num_warps=num_warps)
         return
-    driver = triton.runtime.driver.active
-    device = driver.get_current_device()
+    if _Driver.current_device is None:
+        _Driver.load()
+    device = _Driver.current_device()
     if args[0].get_device() != device:
         with torch.cuda.device(args[0].device):
             launch(kernel, grid, args, constexprs, num_warps)
         return
-    if _hooks_active() or not isinstance(kernel, JITFunction):
+    if hooks_active() or not isinstance(kernel, JITFunction):
         kernel[grid](*args, **constexprs, num_warps=num_warps)
         return
     key = (kernel, device, num_warps, tuple(constexprs.items()), _specialisation(args))
@@ -114,5 +153,53 @@ def launch(kernel, grid, args, constexprs: dict, num_warps: int):
     compiled, tail = entry
     grid_y = grid[1] if len(grid) > 1 else 1
     grid_z = grid[2] if len(grid) > 2 else 1
-    compiled.run(grid[0], grid_y, grid_z, driver.get_current_stream(device), compiled.function,
+    compiled.run(grid[0], grid_y, grid_z, _Driver.current_stream(device), compiled.function,
                  compiled.packed_metadata, None, None, None, *args, *tail)
+
+
+class BoundLaunch:
+    """One compiled kernel, ready to launch with new pointers and nothing else new.
+
+    ``bound(*pointers)`` launches it on the current stream of its device with the grid,
+    integer arguments and compile-time values it was bound with; ``pointers`` are the
+    tensor arguments' ``data_ptr()`` in signature order, each 16-byte aligned as when it
+    was bound.  The caller checks that the current device is ``device`` and that no launch
+    hook is set (``hooks_active``).
+    """
+    __slots__ = ("run", "function", "metadata", "grid", "tail", "device", "kernel")
+
+    def __init__(self, compiled, kernel, grid, ints, tail, device):
+        self.run = compiled.run
+        self.function = compiled.function
+        self.metadata = compiled.packed_metadata
+        grid = tuple(grid) + (1, 1)
+        self.grid = grid[:3]
+        self.tail = tuple(ints) + tuple(tail)
+        self.device = device
+        self.kernel = kernel
+
+    def __call__(self, *pointers):
+        grid = self.grid
+        self.run(grid[0], grid[1], grid[2], _Driver.current_stream(self.device),
+                 self.function, self.metadata, None, None, None, *pointers, *self.tail)
+
+
+def bind(kernel, grid, args, constexprs: dict, num_warps: int):
+    """Launch ``kernel[grid](*args, ...)`` through Triton's own path and return a
+    ``BoundLaunch`` for the next calls of the same specialisation, or None where calls
+    cannot be bound (the interpreter, a CPU tensor, a launch hook, a misaligned pointer, a
+    kernel object that is not a JITFunction).  ``args``: the tensors first, then ints."""
+    compiled = kernel[grid](*args, **constexprs, num_warps=num_warps)
+    if (not args[0].is_cuda or interpreting() or hooks_active()
+            or not isinstance(kernel, JITFunction) or compiled is None):
+        return None
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    ints = args[len(tensors):]
+    if (any(not isinstance(a, torch.Tensor) for a in args[:len(tensors)])
+            or any(type(a) is not int for a in ints)
+            or any(t.data_ptr() & 15 for t in tensors)):
+        return None
+    if _Driver.current_device is None:
+        _Driver.load()
+    tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
+    return BoundLaunch(compiled, kernel, grid, ints, tail, args[0].get_device())

@@ -35,6 +35,10 @@ compare them.
 ``DeformableEncoderLayer`` / ``DeformableEncoder`` are the encoder of the same paper (one
 MSDeformAttn self-attention over all pyramid pixels plus a feed-forward block per layer,
 post-norm), small enough to train on a CPU through Triton's interpreter.
+``DeformableDecoderLayer`` / ``DeformableDecoder`` are the decoder's deformable part: object
+queries attend to the encoder's output through MSDeformAttn cross-attention, then a
+feed-forward block, each post-norm (the decoder's self-attention among queries, an ordinary
+multi-head attention, is left out: it does not involve this operator).
 """
 from __future__ import annotations
 
@@ -49,8 +53,8 @@ from .op import multi_scale_deformable_attn
 from .reference import msda_grid_sample
 
 __all__ = ["CORES", "resolve_core", "use_core", "MSDeformAttn", "DeformableEncoderLayer",
-           "DeformableEncoder", "encoder_reference_points", "sine_position_embedding",
-           "jitter_offsets"]
+           "DeformableEncoder", "DeformableDecoderLayer", "DeformableDecoder",
+           "encoder_reference_points", "sine_position_embedding", "jitter_offsets"]
 
 
 # ----------------------------------------------------------------------------- the cores
@@ -267,15 +271,14 @@ def sine_position_embedding(points: torch.Tensor, d_model: int,
     return torch.cat([emb[..., 1, :], emb[..., 0, :]], dim=-1)      # y first, then x
 
 
-class DeformableEncoderLayer(nn.Module):
-    """One encoder layer: deformable self-attention, then a ReLU feed-forward block, each
-    with dropout, a residual connection and a LayerNorm after it (post-norm)."""
+class _AttentionThenFFN(nn.Module):
+    """What an encoder and a decoder layer share: after the attention, dropout, a residual
+    connection and a LayerNorm; then a ReLU feed-forward block with the same (post-norm).
+    The parameter names are Deformable DETR's."""
 
-    def __init__(self, d_model: int = 256, d_ffn: int = 1024, dropout: float = 0.1,
-                 n_levels: int = 4, n_heads: int = 8, n_points: int = 4, *,
-                 core: CoreArg = "triton"):
-        super().__init__()
-        self.self_attn = MSDeformAttn(d_model, n_levels, n_heads, n_points, core=core)
+    def add_feed_forward(self, d_model: int, d_ffn: int, dropout: float):
+        """Create the layers after the attention (after it, so that a seeded model draws
+        its initial weights in Deformable DETR's order)."""
         self.dropout1 = nn.Dropout(dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.linear1 = nn.Linear(d_model, d_ffn)
@@ -284,15 +287,30 @@ class DeformableEncoderLayer(nn.Module):
         self.dropout3 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
 
+    def add_and_feed_forward(self, x, attended):
+        x = self.norm1(x + self.dropout1(attended))
+        hidden = self.linear2(self.dropout2(F.relu(self.linear1(x))))
+        return self.norm2(x + self.dropout3(hidden))
+
+
+class DeformableEncoderLayer(_AttentionThenFFN):
+    """One encoder layer: deformable self-attention, then a ReLU feed-forward block, each
+    with dropout, a residual connection and a LayerNorm after it (post-norm)."""
+
+    def __init__(self, d_model: int = 256, d_ffn: int = 1024, dropout: float = 0.1,
+                 n_levels: int = 4, n_heads: int = 8, n_points: int = 4, *,
+                 core: CoreArg = "triton"):
+        super().__init__()
+        self.self_attn = MSDeformAttn(d_model, n_levels, n_heads, n_points, core=core)
+        self.add_feed_forward(d_model, d_ffn, dropout)
+
     def forward(self, src, pos, reference_points, spatial_shapes, level_start_index,
                 padding_mask=None):
         """src, pos: (B, S, C); reference_points (B, S, L, 2); returns (B, S, C)."""
         query = src if pos is None else src + pos
         attended = self.self_attn(query, reference_points, src, spatial_shapes,
                                   level_start_index, padding_mask)
-        src = self.norm1(src + self.dropout1(attended))
-        hidden = self.linear2(self.dropout2(F.relu(self.linear1(src))))
-        return self.norm2(src + self.dropout3(hidden))
+        return self.add_and_feed_forward(src, attended)
 
 
 class DeformableEncoder(nn.Module):
@@ -339,6 +357,62 @@ class DeformableEncoder(nn.Module):
         for layer in self.layers:
             out = layer(out, pos, reference_points, spatial_shapes, level_start_index,
                         padding_mask)
+        return out
+
+
+class DeformableDecoderLayer(_AttentionThenFFN):
+    """One decoder layer without self-attention: MSDeformAttn cross-attention from the
+    queries to the flattened pyramid, then a ReLU feed-forward block, each with dropout, a
+    residual connection and a LayerNorm after it (post-norm)."""
+
+    def __init__(self, d_model: int = 256, d_ffn: int = 1024, dropout: float = 0.1,
+                 n_levels: int = 4, n_heads: int = 8, n_points: int = 4, *,
+                 core: CoreArg = "triton"):
+        super().__init__()
+        self.cross_attn = MSDeformAttn(d_model, n_levels, n_heads, n_points, core=core)
+        self.add_feed_forward(d_model, d_ffn, dropout)
+
+    def forward(self, tgt, query_pos, reference_points, memory, spatial_shapes,
+                level_start_index, padding_mask=None):
+        """tgt, query_pos: (B, Q, C); reference_points (B, Q, L, 2 or 4); memory (B, S, C);
+        returns (B, Q, C)."""
+        query = tgt if query_pos is None else tgt + query_pos
+        attended = self.cross_attn(query, reference_points, memory, spatial_shapes,
+                                   level_start_index, padding_mask)
+        return self.add_and_feed_forward(tgt, attended)
+
+
+class DeformableDecoder(nn.Module):
+    """A stack of ``DeformableDecoderLayer``: ``num_queries`` learned object queries (content
+    and position halves, as in Deformable DETR) and a learned linear map from each query's
+    position embedding to its reference point (sigmoid, the same point on every level)."""
+
+    def __init__(self, num_layers: int = 6, d_model: int = 256, d_ffn: int = 1024,
+                 dropout: float = 0.1, n_levels: int = 4, n_heads: int = 8,
+                 n_points: int = 4, num_queries: int = 300, *, core: CoreArg = "triton"):
+        super().__init__()
+        self.n_levels = n_levels
+        self.query_embed = nn.Embedding(num_queries, 2 * d_model)
+        self.reference_points = nn.Linear(d_model, 2)
+        self.layers = nn.ModuleList(
+            DeformableDecoderLayer(d_model, d_ffn, dropout, n_levels, n_heads, n_points,
+                                   core=core)
+            for _ in range(num_layers))
+
+    def forward(self, memory: torch.Tensor, spatial_shapes: torch.Tensor,
+                level_start_index: torch.Tensor,
+                padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """memory (B, S, C) the encoder's output; returns (B, num_queries, C)."""
+        batch = memory.shape[0]
+        query_pos, tgt = self.query_embed.weight.chunk(2, dim=-1)
+        query_pos = query_pos[None].expand(batch, -1, -1)
+        tgt = tgt[None].expand(batch, -1, -1)
+        reference = self.reference_points(query_pos).sigmoid()                  # (B, Q, 2)
+        reference_points = reference[:, :, None, :].expand(-1, -1, self.n_levels, -1)
+        out = tgt
+        for layer in self.layers:
+            out = layer(out, query_pos, reference_points, memory, spatial_shapes,
+                        level_start_index, padding_mask)
         return out
 
 

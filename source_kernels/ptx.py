@@ -5,7 +5,9 @@ the CPU (Triton ships ptxas), so the PTX that an sm_80 (Ampere) or sm_90 (Hopper
 run can be read anywhere.  The interesting lines are the atomics of the backward: a bf16
 ``atom...add`` on sm_90, a compare-and-swap loop (``atom...cas``) on sm_80.
 
-Run ``python -m source_kernels.ptx`` for the table the hardware chapter uses.
+Run ``python -m source_kernels.ptx`` for the table the hardware chapter uses, and
+``python -m source_kernels.ptx --resources --dtype bf16 fp32 fp64`` for the registers, stack
+and shared memory of every launch candidate of the sweep (what bounds their occupancy).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from triton.runtime.jit import JITFunction
 
 from . import backward, forward, tiled
 
-__all__ = ["compile_ptx", "atomic_instructions", "atomic_summary", "main", "TILED_DEFAULT"]
+__all__ = ["compile_ptx", "atomic_instructions", "atomic_summary", "main", "TILED_DEFAULT",
+           "compile_candidate", "resource_usage"]
 
 # (BLOCK_Q, num_warps) at which the tiled kernels are compiled unless told otherwise.
 TILED_DEFAULT = (2, 4)
@@ -124,6 +127,89 @@ def compile_ptx(kernel: str, arch: int, dtype: torch.dtype = torch.bfloat16,
     return compiled.asm["ptx"]
 
 
+def compile_candidate(direction: str, kernel: str, dtype: torch.dtype, block: int,
+                      num_warps: int, *, arch: int = 90, channels: int = 32, levels: int = 4,
+                      points: int = 4):
+    """Compile one launch candidate of the sweep (``source_kernels.bench``): the forward or
+    backward of a "loop", "tiled" or "rows..." kernel, for ``sm_<arch>``, specialised as the
+    operator launches it on 16-byte aligned tensors with int32 sizes and strides that are
+    multiples of 16 (grad_value in the value's dtype).  Returns Triton's compiled kernel."""
+    from .forward import rows_options
+    elem = "*" + _TRITON_TYPE[dtype]
+    if direction == "forward":
+        pointers = ["value_ptr", "shapes_ptr", "starts_ptr", "loc_ptr", "attn_ptr", "out_ptr"]
+    else:
+        pointers = ["grad_out_ptr", "value_ptr", "shapes_ptr", "starts_ptr", "loc_ptr",
+                    "attn_ptr", "grad_value_ptr", "grad_loc_ptr", "grad_attn_ptr"]
+    signature = {p: "*i64" if p in ("shapes_ptr", "starts_ptr") else elem for p in pointers}
+    ints = ["stride_b", "stride_s", "stride_m", "Q", "M", "D"]
+    constexprs = {"L": levels, "K": points, "BLOCK_D": triton.next_power_of_2(channels)}
+    if kernel in ("loop", "tiled"):
+        module = {"loop": forward if direction == "forward" else backward, "tiled": tiled}[kernel]
+        name = f"_msda_{direction}{'_tiled' if kernel == 'tiled' else ''}_kernel"
+        fn = _jit(getattr(module, name))
+        constexprs.update({"BLOCK_Q": block, "ACC_DTYPE": _acc(dtype)})
+        if kernel == "tiled":
+            constexprs["LK_PAD"] = triton.next_power_of_2(levels * points)
+    else:
+        from . import rows
+        options = rows_options(kernel)
+        fn = _jit(getattr(rows, f"_msda_{direction}_rows_kernel"))
+        chunk = {"all": levels * points, "level": points, "sample": 1}[options["chunk"]]
+        ints.append("ROWS")
+        constexprs.update({"BLOCK_R": block, "CHUNK": chunk,
+                           "N_PAD": triton.next_power_of_2(chunk),
+                           "HEAD_MAJOR": options["head_major"], "WIDE": False})
+        if direction == "forward":
+            constexprs["PERSISTENT"] = options["persistent"]
+    signature.update({name: "i32" for name in ints})
+    signature.update({name: "constexpr" for name in constexprs})
+    aligned = pointers + [n for n in ints if n not in ("Q", "M")]
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps})
+
+
+def resource_usage(compiled) -> dict:
+    """Registers per thread, stack bytes (spills land there) and static shared memory of a
+    compiled kernel, read from its cubin with the cuobjdump that Triton ships."""
+    import tempfile
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(compiled.asm["cubin"])
+        handle.flush()
+        report = subprocess.run([tool, "--dump-resource-usage", handle.name],
+                                capture_output=True, text=True, check=False).stdout
+    usage = {}
+    for key in ("REG", "STACK", "SHARED"):
+        found = re.search(key + r":(\d+)", report)
+        usage[key.lower()] = int(found.group(1)) if found else None
+    return usage
+
+
+def resources_table(dtype_names) -> int:
+    """Print registers, stack and shared memory of every sweep candidate (sm_90)."""
+    from .bench import SWEEP_CANDIDATES, SWEEP_CANDIDATES_FP64
+    dtypes = {name: dt for dt, name in _TRITON_TYPE.items()}
+    print(f"triton {triton.__version__}, sm_90: registers/thread, stack bytes, shared bytes")
+    for name in dtype_names:
+        table = SWEEP_CANDIDATES_FP64 if name == "fp64" else SWEEP_CANDIDATES
+        for (direction, regime), candidates in table.items():
+            for kernel, block, warps in candidates:
+                try:
+                    usage = resource_usage(compile_candidate(direction, kernel, dtypes[name],
+                                                             block, warps))
+                    shown = f"{usage['reg']:4d} regs {usage['stack']:4d} stack " \
+                            f"{usage['shared']:6d} shared"
+                except Exception as error:                          # noqa: BLE001
+                    shown = f"failed: {type(error).__name__}: {str(error)[:120]}"
+                print(f"{name:4s} {direction:8s} {regime:5s} {kernel:18s} {block:3d} rows/queries"
+                      f" {warps:2d} warps: {shown}", flush=True)
+    return 0
+
+
 def atomic_instructions(ptx: str) -> list[str]:
     """Every atomic or reduction instruction in the PTX, e.g. 'atom.global.gpu.relaxed...'"""
     return _ATOMIC.findall(ptx)
@@ -142,7 +228,16 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90])
     parser.add_argument("--dtype", nargs="+", default=["fp32", "fp16", "bf16"])
     parser.add_argument("--request", help=argparse.SUPPRESS)
+    parser.add_argument("--resources", action="store_true",
+                        help="registers, stack and shared memory of every sweep candidate")
     args = parser.parse_args(argv)
+    if args.resources:
+        if _interpreting():            # kernels must be compilable objects: a fresh process
+            env = dict(os.environ, TRITON_INTERPRET="0")
+            return subprocess.run([sys.executable, "-m", "source_kernels.ptx",
+                                   *(sys.argv[1:] if argv is None else argv)],
+                                  env=env, check=False).returncode
+        return resources_table(args.dtype)
     if args.request:                       # child process of compile_ptx: print PTX only
         kernel, arch, dtype, accum, channels, levels, points, block_q, warps = \
             json.loads(args.request)

@@ -130,8 +130,20 @@ def _msda_backward_tiled_kernel(
                 mask=mask_q[:, None] & mask_d[None, :], other=0.0).to(ACC_DTYPE)
     g3 = g[:, None, :]                                  # the same g for every sample
 
-    p, mask_p, width, height, start, loc_x, loc_y, weight = _sample_grid(
-        shapes_ptr, starts_ptr, loc_ptr, attn_ptr, bqm, mask_q, L, K, LK_PAD, ACC_DTYPE)
+    # _sample_grid's loads, written out here: torch.compile's analysis of which arguments a
+    # kernel writes follows write addresses back through helper calls to every pointer
+    # passed to them, and would take the parameters for outputs.
+    offs_lk = tl.arange(0, LK_PAD)
+    mask_lk = offs_lk < L * K
+    level = offs_lk // K
+    height = tl.load(shapes_ptr + 2 * level, mask=mask_lk, other=1).to(tl.int32)[None, :]
+    width = tl.load(shapes_ptr + 2 * level + 1, mask=mask_lk, other=1).to(tl.int32)[None, :]
+    start = tl.load(starts_ptr + level, mask=mask_lk, other=0)[None, :]
+    p = bqm[:, None] * (L * K) + offs_lk[None, :]
+    mask_p = mask_q[:, None] & mask_lk[None, :]
+    loc_x = tl.load(loc_ptr + 2 * p, mask=mask_p, other=0.0).to(ACC_DTYPE)
+    loc_y = tl.load(loc_ptr + 2 * p + 1, mask=mask_p, other=0.0).to(ACC_DTYPE)
+    weight = tl.load(attn_ptr + p, mask=mask_p, other=0.0).to(ACC_DTYPE)
     x0, y0, dx, dy, in_x0, in_x1, in_y0, in_y1 = pixel_corners(loc_x, loc_y, width, height)
     w00 = (1 - dy) * (1 - dx)
     w01 = (1 - dy) * dx

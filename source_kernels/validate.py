@@ -14,12 +14,19 @@ import weakref
 
 import torch
 
-__all__ = ["validate_inputs", "FLOAT_DTYPES"]
+__all__ = ["validate_inputs", "FLOAT_DTYPES", "DtypeMismatchError", "level_starts",
+           "checked_shapes"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INT_DTYPES = (torch.int32, torch.int64)
-_checked_contents: dict = {}
+_checked_contents: dict = {}    # (ids, versions, S) -> (weakrefs, int64 shapes and starts)
 _valid_signatures: dict = {}     # (shape, dtype, device) of each argument, found valid once
+
+
+class DtypeMismatchError(TypeError, ValueError):
+    """value, sampling_locations and attention_weights in different floating dtypes.  A
+    TypeError, as every dtype error here, and a ValueError, as mmcv-style test suites
+    expect of a mismatch."""
 
 
 def _require_tensor(name, t):
@@ -28,35 +35,121 @@ def _require_tensor(name, t):
 
 
 def _check_contents(spatial_shapes, level_start_index, total):
+    """Positive sizes, S = sum(H*W), and (when given) starts equal to the running sums."""
     shapes = spatial_shapes.tolist()
-    starts = level_start_index.tolist()
+    starts = level_start_index.tolist() if level_start_index is not None else None
     running = 0
-    for lvl, ((height, width), start) in enumerate(zip(shapes, starts)):
+    for lvl, (height, width) in enumerate(shapes):
         if height <= 0 or width <= 0:
             raise ValueError(f"value_spatial_shapes[{lvl}] = ({height}, {width}): every level "
                              "needs a positive height and width")
-        if start != running:
-            raise ValueError(f"value_level_start_index[{lvl}] = {start}, but levels before it "
-                             f"hold {running} rows: expected {running}")
+        if starts is not None and starts[lvl] != running:
+            raise ValueError(f"value_level_start_index[{lvl}] = {starts[lvl]}, but levels "
+                             f"before it hold {running} rows: expected {running}")
         running += height * width
     if running != total:
         raise ValueError(f"value has S = {total} rows but value_spatial_shapes describe "
                          f"sum(H*W) = {running}")
 
 
+def level_starts(spatial_shapes: torch.Tensor) -> torch.Tensor:
+    """(L,) int64 offsets of each level inside S, from (L, 2) (H, W): what
+    value_level_start_index holds, computed on the shapes' device (no host copy)."""
+    sizes = spatial_shapes.to(torch.int64).prod(dim=1)
+    return torch.cumsum(sizes, 0) - sizes
+
+
+def _shapes_key(spatial_shapes, level_start_index, total):
+    if level_start_index is None:
+        return (id(spatial_shapes), spatial_shapes._version, None, None, total)
+    return (id(spatial_shapes), spatial_shapes._version, id(level_start_index),
+            level_start_index._version, total)
+
+
 def _contents_already_checked(spatial_shapes, level_start_index, total):
-    key = (id(spatial_shapes), spatial_shapes._version, id(level_start_index),
-           level_start_index._version, total)
-    refs = _checked_contents.get(key)
-    return refs is not None and refs[0]() is spatial_shapes and refs[1]() is level_start_index
+    """The remembered entry (weakrefs, int64 shapes, int64 starts) of this pair of tensor
+    objects at their present versions, or None."""
+    entry = _checked_contents.get(_shapes_key(spatial_shapes, level_start_index, total))
+    if (entry is not None and entry[0]() is spatial_shapes
+            and (level_start_index is None or entry[1]() is level_start_index)):
+        return entry
+    return None
+
+
+def _as_kernels_take(spatial_shapes, level_start_index):
+    """int64 contiguous shapes and starts (computed from the shapes when None)."""
+    shapes = spatial_shapes
+    if shapes.dtype is not torch.int64 or not shapes.is_contiguous():
+        shapes = shapes.to(torch.int64).contiguous()
+    if level_start_index is None:
+        return shapes, level_starts(shapes)
+    starts = level_start_index
+    if starts.dtype is not torch.int64 or not starts.is_contiguous():
+        starts = starts.to(torch.int64).contiguous()
+    return shapes, starts
 
 
 def _remember_contents(spatial_shapes, level_start_index, total):
     if len(_checked_contents) > 256:
         _checked_contents.clear()
-    key = (id(spatial_shapes), spatial_shapes._version, id(level_start_index),
-           level_start_index._version, total)
-    _checked_contents[key] = (weakref.ref(spatial_shapes), weakref.ref(level_start_index))
+    entry = (weakref.ref(spatial_shapes),
+             None if level_start_index is None else weakref.ref(level_start_index),
+             *_as_kernels_take(spatial_shapes, level_start_index))
+    _checked_contents[_shapes_key(spatial_shapes, level_start_index, total)] = entry
+    return entry
+
+
+def checked_shapes(spatial_shapes, level_start_index, total):
+    """(spatial_shapes, level_start_index) as the kernels take them: contents checked
+    against S = ``total`` (see above), int64 and contiguous, the starts computed from the
+    shapes when ``level_start_index`` is None.  Remembered per pair of tensor objects and
+    versions, so a model that passes the same tensors to every layer pays the check, the
+    conversion and the host copy once; while a CUDA graph is being captured nothing is
+    copied to the host (the contents check is skipped) and nothing is remembered."""
+    entry = _contents_already_checked(spatial_shapes, level_start_index, total)
+    if entry is None:
+        if spatial_shapes.is_cuda and torch.cuda.is_current_stream_capturing():
+            return _as_kernels_take(spatial_shapes, level_start_index)
+        _check_contents(spatial_shapes, level_start_index, total)
+        entry = _remember_contents(spatial_shapes, level_start_index, total)
+    return entry[2], entry[3]
+
+
+def _signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+               attention_weights, im2col_step):
+    """Each argument's shape, dtype and device (None where an argument is not a tensor or
+    an int, or under torch.compile): what the signature checks depend on."""
+    tensor = torch.Tensor
+    if not (isinstance(value, tensor) and isinstance(value_spatial_shapes, tensor)
+            and isinstance(sampling_locations, tensor) and isinstance(attention_weights, tensor)
+            and type(im2col_step) is int and not torch.compiler.is_compiling()):
+        return None
+    if value_level_start_index is None:
+        starts = None
+    elif isinstance(value_level_start_index, tensor):
+        starts = (value_level_start_index.shape, value_level_start_index.dtype,
+                  value_level_start_index.device)
+    else:
+        return None
+    return (value.shape, value.dtype, value.device, value_spatial_shapes.shape,
+            value_spatial_shapes.dtype, value_spatial_shapes.device, starts,
+            sampling_locations.shape, sampling_locations.dtype, sampling_locations.device,
+            attention_weights.shape, attention_weights.dtype, attention_weights.device,
+            im2col_step)
+
+
+def check_signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+                    attention_weights, im2col_step=64):
+    """The shape, dtype and device checks (no contents), remembered per signature."""
+    signature = _signature(value, value_spatial_shapes, value_level_start_index,
+                           sampling_locations, attention_weights, im2col_step)
+    if signature is None or signature not in _valid_signatures:
+        _check_signature(value, value_spatial_shapes, value_level_start_index,
+                         sampling_locations, attention_weights, im2col_step)
+        if signature is not None:
+            if len(_valid_signatures) > 256:
+                _valid_signatures.clear()
+            _valid_signatures[signature] = True
 
 
 def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampling_locations,
@@ -64,35 +157,17 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
     """Check the operator's arguments; raise TypeError/ValueError naming the culprit.
 
     Shapes: value (B, S, M, D); value_spatial_shapes (L, 2) integer; value_level_start_index
-    (L,) integer; sampling_locations (B, Q, M, L, K, 2); attention_weights (B, Q, M, L, K).
-    value, sampling_locations and attention_weights share one floating dtype; all five
-    tensors share one device.  Every eager call of the operator pays for this, so a
-    signature (each argument's shape, dtype and device) found valid once is remembered and
-    its checks are skipped next time; the contents check has its own memory (see above).
+    (L,) integer, or None (then computed from the shapes); sampling_locations
+    (B, Q, M, L, K, 2); attention_weights (B, Q, M, L, K).  value, sampling_locations and
+    attention_weights share one floating dtype; all tensors share one device.  Every eager
+    call of the operator pays for this, so a signature (each argument's shape, dtype and
+    device) found valid once is remembered and its checks are skipped next time; the
+    contents check has its own memory (see above).
     """
-    tensors = (value, value_spatial_shapes, value_level_start_index, sampling_locations,
-               attention_weights)
-    signature = None
-    tensor = torch.Tensor
-    if (isinstance(value, tensor) and isinstance(value_spatial_shapes, tensor)
-            and isinstance(value_level_start_index, tensor)
-            and isinstance(sampling_locations, tensor) and isinstance(attention_weights, tensor)
-            and type(im2col_step) is int and not torch.compiler.is_compiling()):
-        signature = (value.shape, value.dtype, value.device, value_spatial_shapes.shape,
-                     value_spatial_shapes.dtype, value_spatial_shapes.device,
-                     value_level_start_index.shape, value_level_start_index.dtype,
-                     value_level_start_index.device, sampling_locations.shape,
-                     sampling_locations.dtype, sampling_locations.device,
-                     attention_weights.shape, attention_weights.dtype,
-                     attention_weights.device, im2col_step)
-    if signature is None or signature not in _valid_signatures:
-        _check_signature(*tensors, im2col_step)
-        if signature is not None:
-            if len(_valid_signatures) > 256:
-                _valid_signatures.clear()
-            _valid_signatures[signature] = True
+    check_signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+                    attention_weights, im2col_step)
     total = value.shape[1]
-    if not check_contents:
+    if not check_contents or torch.compiler.is_compiling():
         return
     if value.is_cuda and torch.cuda.is_current_stream_capturing():
         return
@@ -109,21 +184,27 @@ def _check_signature(value, value_spatial_shapes, value_level_start_index, sampl
              "sampling_locations", "attention_weights")
     tensors = (value, value_spatial_shapes, value_level_start_index, sampling_locations,
                attention_weights)
+    if value_level_start_index is None:          # computed from the shapes
+        names = names[:2] + names[3:]
+        tensors = tensors[:2] + tensors[3:]
     for name, t in zip(names, tensors):
         _require_tensor(name, t)
     dtype = value.dtype
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"value must be a floating tensor (float16, bfloat16, float32 or "
                         f"float64), got {dtype}")
-    for name, t in ((names[3], sampling_locations), (names[4], attention_weights)):
+    for name, t in (("sampling_locations", sampling_locations),
+                    ("attention_weights", attention_weights)):
         if t.dtype is not dtype:
             if t.dtype not in FLOAT_DTYPES:
                 raise TypeError(f"{name} must be a floating tensor (float16, bfloat16, "
                                 f"float32 or float64), got {t.dtype}")
-            raise TypeError(f"{name} has dtype {t.dtype} but value has {dtype}: pass "
-                            "all three floating tensors in one dtype")
-    for name, t in ((names[1], value_spatial_shapes), (names[2], value_level_start_index)):
-        if t.dtype not in _INT_DTYPES:
+            raise DtypeMismatchError(f"{name} has dtype {t.dtype} but value has {dtype}: "
+                                     "the dtypes of value, sampling_locations and "
+                                     "attention_weights must match")
+    for name, t in (("value_spatial_shapes", value_spatial_shapes),
+                    ("value_level_start_index", value_level_start_index)):
+        if t is not None and t.dtype not in _INT_DTYPES:
             raise TypeError(f"{name} must be an int64 (or int32) tensor, got {t.dtype}")
     device = value.device
     for name, t in zip(names[1:], tensors[1:]):
@@ -141,12 +222,14 @@ def _check_signature(value, value_spatial_shapes, value_level_start_index, sampl
 
     value_shape = value.shape
     shapes_shape = value_spatial_shapes.shape
+    starts_shape = (value_spatial_shapes.shape[0] if value_spatial_shapes.dim() == 2 else 0,) \
+        if value_level_start_index is None else value_level_start_index.shape
     loc_shape = sampling_locations.shape
     attn_shape = attention_weights.shape
     for name, shape, rank, layout in (
             ("value", value_shape, 4, "(B, S, M, D)"),
             ("value_spatial_shapes", shapes_shape, 2, "(L, 2)"),
-            ("value_level_start_index", value_level_start_index.shape, 1, "(L,)"),
+            ("value_level_start_index", starts_shape, 1, "(L,)"),
             ("sampling_locations", loc_shape, 6, "(B, Q, M, L, K, 2)"),
             ("attention_weights", attn_shape, 5, "(B, Q, M, L, K)")):
         if len(shape) != rank:
@@ -156,12 +239,11 @@ def _check_signature(value, value_spatial_shapes, value_level_start_index, sampl
     levels = shapes_shape[0]
     queries, points = loc_shape[1], loc_shape[4]
     if (shapes_shape[1] != 2 or levels == 0 or channels == 0 or heads == 0 or points == 0
-            or value_level_start_index.shape[0] != levels
+            or starts_shape[0] != levels
             or loc_shape[0] != batch or loc_shape[2] != heads or loc_shape[3] != levels
             or loc_shape[5] != 2
             or attn_shape != (batch, queries, heads, levels, points)):
-        _explain_shape_error(value_shape, shapes_shape, value_level_start_index.shape,
-                             loc_shape, attn_shape)
+        _explain_shape_error(value_shape, shapes_shape, starts_shape, loc_shape, attn_shape)
 
 
 def _explain_shape_error(value_shape, shapes_shape, starts_shape, loc_shape, attn_shape):

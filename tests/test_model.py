@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import source_kernels  # noqa: F401  (interpreter switch before the kernels are defined)
 from source_kernels.inputs import level_start_index
 from source_kernels.reference import msda_grid_sample
-from source_kernels.model import (CORES, DeformableEncoder, MSDeformAttn,
+from source_kernels.model import (CORES, DeformableDecoder, DeformableEncoder, MSDeformAttn,
                                   encoder_reference_points, jitter_offsets, use_core)
 
 DEVICE_CPU = torch.device("cpu")
@@ -247,6 +247,29 @@ def test_module_parity_triton_vs_grid_sample(case):
     assert_parity(module, args, **PARITY_TOL[spec["dtype"]])
 
 
+def test_decoder_parity_triton_vs_grid_sample():
+    """The decoder stack (cross-attention + FFN per layer) on either core: same output and
+    same gradient of every parameter, from the same weights."""
+    shapes = [[5, 6], [3, 3]]
+    spatial_shapes, starts = pyramid(shapes, DEVICE)
+    torch.manual_seed(0)
+    decoder = DeformableDecoder(2, 16, 32, 0.0, 2, 2, 2, num_queries=6).to(DEVICE)
+    memory = torch.randn(1, 39, 16, device=DEVICE)
+    results = {}
+    for core in ("triton", "grid_sample"):
+        use_core(decoder, core)
+        decoder.zero_grad(set_to_none=True)
+        out = decoder(memory, spatial_shapes, starts)
+        out.square().sum().backward()
+        results[core] = (out.detach(), {n: p.grad.clone() for n, p in decoder.named_parameters()})
+    assert results["triton"][0].shape == (1, 6, 16)
+    torch.testing.assert_close(results["triton"][0], results["grid_sample"][0], rtol=1e-5,
+                               atol=1e-5)
+    for name, grad in results["grid_sample"][1].items():
+        torch.testing.assert_close(results["triton"][1][name], grad, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_autocast_keeps_locations_in_fp32():
     """Under bf16 autocast the projections are bf16 but the operator gets fp32 locations
     (and values and weights promoted to match); the output comes back in bf16."""
@@ -401,3 +424,41 @@ def test_module_under_torch_compile_gpu():
     # The operator is the same kernel either way; the projections around it are inductor's
     # fused kernels under compile, which round differently: 1e-4, as the GPU parity test.
     torch.testing.assert_close(compiled(*args), eager, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_backward", [False, True], ids=["forward", "forward_backward"])
+def test_module_under_reduce_overhead_gpu(with_backward):
+    """torch.compile(mode="reduce-overhead"): the compiled module, its kernels replayed from
+    CUDA graphs, agrees with eager mode, also in the gradients; the generated code launches
+    the operator's own Triton kernels (Inductor sees them) rather than an opaque op."""
+    from torch._inductor.utils import run_and_get_code
+    spec = dict(d_model=256, heads=8, points=4, shapes=[[50, 84], [25, 42], [13, 21], [7, 11]],
+                queries=300, batch=2, dtype=torch.float32, ref_dim=2, masked=False,
+                device=torch.device("cuda"))
+    module, args = module_case(**spec)
+    torch.compiler.reset()
+    compiled = torch.compile(module, mode="reduce-overhead", fullgraph=True)
+
+    def run(fn):
+        leaves = [a.detach().clone().requires_grad_(with_backward and a.is_floating_point())
+                  for a in args]
+        module.zero_grad(set_to_none=True)
+        out = fn(*leaves)
+        if with_backward:
+            out.square().mean().backward()
+            return [out.detach().clone(), leaves[0].grad.clone(), leaves[2].grad.clone(),
+                    module.sampling_offsets.weight.grad.clone()]
+        return [out.detach().clone()]
+
+    eager = run(module)
+    for _ in range(3):                                  # record, then replay the graphs
+        torch.compiler.cudagraph_mark_step_begin()
+        got = run(compiled)
+    for a, b in zip(got, eager):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    torch.compiler.reset()
+    _, code = run_and_get_code(lambda: run(torch.compile(module, fullgraph=True)))
+    assert any("_msda_forward" in c for c in code), "the forward kernel is not in the code"
+    if with_backward:
+        assert any("_msda_backward" in c for c in code), "the backward kernel is not in the code"

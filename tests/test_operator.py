@@ -258,6 +258,70 @@ def test_shape_contents_are_checked_again_after_an_in_place_change():
         sk.multi_scale_deformable_attn(**args)
 
 
+def test_level_start_index_may_be_none():
+    """As the seed course's operator allows: the starts are computed from the shapes, for
+    the function and for the autograd Function, forward and backward."""
+    args = inputs(batch=2, queries=4, heads=2, shapes=[[3, 4], [2, 2]], requires_grad=True)
+    grad_output = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(4))
+    expected, grads = fp64_reference(args, grad_output)
+    for form in ("function", "apply"):
+        leaves = {k: args[k].detach().clone().requires_grad_()
+                  for k in ("value", "sampling_locations", "attention_weights")}
+        if form == "function":
+            out = sk.multi_scale_deformable_attn(leaves["value"], args["value_spatial_shapes"],
+                                                 None, leaves["sampling_locations"],
+                                                 leaves["attention_weights"])
+        else:
+            out = sk.MultiScaleDeformableAttnFunction.apply(
+                leaves["value"], args["value_spatial_shapes"], None,
+                leaves["sampling_locations"], leaves["attention_weights"], 64)
+        assert_scaled_close(out, expected, TOLERANCE[torch.float32], f"{form} forward",
+                            MSDA_OUTPUT_AXES)
+        out.backward(grad_output.to(out.device))
+        for key, grad in zip(("value", "sampling_locations", "attention_weights"), grads):
+            assert_scaled_close(leaves[key].grad, grad, GRAD_TOLERANCE[torch.float32],
+                                f"{form} grad of {key}",
+                                ignore=on_a_pixel_boundary(args)
+                                if key == "sampling_locations" else None)
+
+
+def test_dtype_mismatch_is_a_value_error_naming_the_dtypes():
+    """mmcv-style suites expect a ValueError that mentions the dtypes (and this package's
+    own callers a TypeError): the error is both."""
+    args = _bad(lambda a: a.update(sampling_locations=a["sampling_locations"].double()))
+    with pytest.raises(ValueError, match="dtypes"):
+        sk.multi_scale_deformable_attn(**args)
+    with pytest.raises(TypeError, match="sampling_locations has dtype torch.float64"):
+        sk.multi_scale_deformable_attn(**args)
+
+
+def test_bad_shape_tensors_after_a_valid_call_are_still_refused():
+    """The checks of one argument signature are remembered; the shape tensors are checked
+    per tensor object, so new ones with the same value, locations and weights are checked."""
+    args = _bad(lambda a: None)
+    sk.multi_scale_deformable_attn(**args)
+    shapes, starts = args["value_spatial_shapes"], args["value_level_start_index"]
+    for change, error, message in (
+            (dict(value_spatial_shapes=shapes.float()), TypeError, "value_spatial_shapes"),
+            (dict(value_level_start_index=starts[:1]), ValueError, "value_level_start_index"),
+            (dict(value_level_start_index=starts + 1), ValueError, "value_level_start_index"),
+            (dict(value_spatial_shapes=shapes.flip(0).contiguous()), ValueError, "start")):
+        with pytest.raises(error, match=message):
+            sk.multi_scale_deformable_attn(**dict(args, **change))
+
+
+def test_int32_shapes_and_repeated_calls_agree():
+    """int32 shape tensors (converted once and remembered) and repeated calls of one
+    signature give the first call's result."""
+    args = inputs(queries=4, heads=2, channels=4)
+    first = sk.multi_scale_deformable_attn(**args)
+    narrow = dict(args, value_spatial_shapes=args["value_spatial_shapes"].int(),
+                  value_level_start_index=args["value_level_start_index"].int())
+    for _ in range(2):
+        assert torch.equal(sk.multi_scale_deformable_attn(**narrow), first)
+        assert torch.equal(sk.multi_scale_deformable_attn(**args), first)
+
+
 # ---------------------------------------------------------------------------- custom op
 
 def test_custom_op_passes_opcheck():
@@ -426,6 +490,29 @@ def test_loop_and_tiled_kernels_match_fp64(kernel, block_q):
     assert_scaled_close(out, expected, TOLERANCE[torch.float32], f"{kernel} forward",
                         MSDA_OUTPUT_AXES)
     got = msda_backward(grad_output, *ordered, kernel=kernel, block_q=block_q)
+    kinks = on_a_pixel_boundary(args)
+    for name, g, e in zip(("grad_value", "grad_sampling_locations", "grad_attention_weights"),
+                          got, grads):
+        assert_scaled_close(g, e, GRAD_TOLERANCE[torch.float32], f"{kernel} {name}",
+                            ignore=kinks if name == "grad_sampling_locations" else None)
+
+
+@pytest.mark.parametrize("kernel,block", [("rows", 4), ("rows-persistent", 8),
+                                          ("rows-level-hm", 16), ("rows-sample", 16)])
+def test_row_kernels_match_fp64(kernel, block):
+    """The row-blocked kernels (rows.py), each schedule, forward and backward: rows of
+    several batches and heads in one block, samples outside the maps, D not a power of 2."""
+    from source_kernels.forward import msda_forward
+    args = inputs(batch=2, queries=9, heads=2, channels=5, shapes=[[4, 3], [2, 5], [1, 1]],
+                  points=3, outside=0.2, seed=block)
+    ordered = [args[k] for k in ARG_NAMES]
+    grad_output = torch.randn(2, 9, 10, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    expected, grads = fp64_reference(args, grad_output)
+    out = msda_forward(*ordered, kernel=kernel, block_q=block, num_warps=1)
+    assert_scaled_close(out, expected, TOLERANCE[torch.float32], f"{kernel} forward",
+                        MSDA_OUTPUT_AXES)
+    got = msda_backward(grad_output, *ordered, kernel=kernel.replace("-persistent", ""),
+                        block_q=block, num_warps=1)
     kinks = on_a_pixel_boundary(args)
     for name, g, e in zip(("grad_value", "grad_sampling_locations", "grad_attention_weights"),
                           got, grads):

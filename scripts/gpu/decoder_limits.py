@@ -11,7 +11,9 @@ of 20 calls with L2 flushed before each (``source_kernels.bench._profiled_device
   the forward's order (one program per (batch, query, head), its L*K*4 rows in one tile) and
   sums them, with no location arithmetic, no weights and an output of one row per program:
   the time the memory system needs for that gather pattern from a cold L2;
-- ``forward_us``: the operator's forward on the same inputs, as the plan launches it.
+- ``forward_us``: the operator's forward on the same inputs, as the plan launches it;
+- ``plan_grid``, ``empty_kernel_plan_grid_us``: the grid and warps the plan's forward kernel
+  launches, and an empty kernel on that grid (what the launch of its programs costs).
 
 If the forward sits close to ``gather_us``, the random row gather from DRAM is what binds,
 not the arithmetic or the launch configuration.  ``--dry-run-cpu`` runs the code paths in
@@ -87,9 +89,21 @@ def main(argv=None) -> int:
                "rows_read": int((index >= 0).sum()),
                "distinct_rows": int(torch.unique(index[index >= 0]).numel()),
                "row_bytes": channels * value.element_size()}
+        from source_kernels.forward import FORWARD_PLAN, choose, forward_launch
+        pos = [inputs[k] for k in ("value", "value_spatial_shapes", "value_level_start_index",
+                                   "sampling_locations", "attention_weights")]
+        kernel, block, warps = choose(FORWARD_PLAN, value, pos[3].shape[1], None, None, None)
+        _, plan_grid, _, _ = forward_launch(kernel, block, *pos, out)
+        row["plan"] = [kernel, block, warps]
+        row["plan_grid"] = list(plan_grid)
+
+        def empty_plan_grid():
+            empty_kernel[plan_grid](out, num_warps=warps)
+
         if not dry:
             flush = torch.empty(int(256e6 // 4), dtype=torch.int, device=device)
             row["empty_kernel_us"] = _profiled_device_us(empty, flush.zero_)
+            row["empty_kernel_plan_grid_us"] = _profiled_device_us(empty_plan_grid, flush.zero_)
             row["gather_us"] = _profiled_device_us(gather, flush.zero_)
             row["forward_us"] = _profiled_device_us(forward, flush.zero_)
             row["distinct_bytes_per_s_in_gather"] = (row["distinct_rows"] * row["row_bytes"]

@@ -1,10 +1,11 @@
-"""Where the host time of one eager forward call goes (#10's dispatch figure).
+"""Where the host time of one eager call goes (#10's dispatch figure).
 
     python3 scripts/gpu/dispatch_profile.py OUTDIR [--calls 2000]
 
-profiles ``multi_scale_deformable_attn`` on the decoder preset (bf16, no autograd) with
-cProfile and writes OUTDIR/dispatch_profile_<gpu>.json: the host time per call measured
-without the profiler, and the functions with the most own time per call under it.
+profiles ``multi_scale_deformable_attn`` on the decoder preset (bf16) with cProfile, the
+forward without autograd and forward+backward through autograd, and writes
+OUTDIR/dispatch_profile_<gpu>.json: for each, the host time per call measured without the
+profiler, and the functions with the most own time per call under it.
 """
 from __future__ import annotations
 
@@ -30,39 +31,54 @@ def main(argv=None) -> int:
     from source_kernels.inputs import preset_inputs
 
     inputs = preset_inputs("decoder", dtype=torch.bfloat16, device="cuda")
+    leaves = {k: inputs[k].clone().requires_grad_()
+              for k in ("value", "sampling_locations", "attention_weights")}
+    grad = torch.randn(4, 300, 256, device="cuda", dtype=torch.bfloat16)
 
-    def calls(n):
+    def forward(n):
         for _ in range(n):
             multi_scale_deformable_attn(**inputs)
 
-    calls(20)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    calls(args.calls)
-    host_us = (time.perf_counter() - start) / args.calls * 1e6
-    torch.cuda.synchronize()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    calls(args.calls)
-    profiler.disable()
-    torch.cuda.synchronize()
-    stats = pstats.Stats(profiler)
-    rows = []
-    for (filename, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
-        rows.append({"function": f"{filename.split('site-packages/')[-1]}:{line}({name})",
-                     "calls_per_call": ncalls / args.calls,
-                     "own_us_per_call": tottime / args.calls * 1e6,
-                     "cumulative_us_per_call": cumtime / args.calls * 1e6})
-    rows.sort(key=lambda r: -r["own_us_per_call"])
+    def forward_backward(n):
+        for _ in range(n):
+            for leaf in leaves.values():
+                leaf.grad = None
+            multi_scale_deformable_attn(**dict(inputs, **leaves)).backward(grad)
+
     payload = {"provenance": provenance("dispatch_profile.py"), "calls": args.calls,
-               "host_us_per_call_unprofiled": host_us,
                "note": "own time per call under cProfile, which slows every Python call; "
-                       "read the shares, not the absolute figures",
-               "top_own_time": rows[:30]}
+                       "read the shares, not the absolute figures"}
+    for name, calls in (("forward", forward), ("forward_backward", forward_backward)):
+        n = args.calls if name == "forward" else max(1, args.calls // 4)
+        calls(20)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        calls(n)
+        host_us = (time.perf_counter() - start) / n * 1e6
+        torch.cuda.synchronize()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        calls(n)
+        profiler.disable()
+        torch.cuda.synchronize()
+        stats = pstats.Stats(profiler)
+        rows = []
+        for (filename, line, fname), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
+            rows.append({"function": f"{filename.split('site-packages/')[-1]}:{line}({fname})",
+                         "calls_per_call": ncalls / n,
+                         "own_us_per_call": tottime / n * 1e6,
+                         "cumulative_us_per_call": cumtime / n * 1e6})
+        rows.sort(key=lambda r: -r["own_us_per_call"])
+        if name == "forward":             # the fields of the first version of this file
+            payload["host_us_per_call_unprofiled"] = host_us
+            payload["top_own_time"] = rows[:30]
+        payload[name] = {"calls": n, "host_us_per_call_unprofiled": host_us,
+                         "top_own_time": rows[:30]}
+        print(f"{name}: host time per call {host_us:.1f} us")
+        for row in rows[:12]:
+            print(f"{row['own_us_per_call']:8.2f} us  {row['function']}")
     path = write_results(args.outdir, "dispatch_profile", payload)
-    print(f"host time per call {host_us:.1f} us; wrote {path}")
-    for row in rows[:15]:
-        print(f"{row['own_us_per_call']:8.2f} us  {row['function']}")
+    print(f"wrote {path}")
     return 0
 
 
