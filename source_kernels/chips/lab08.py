@@ -38,36 +38,31 @@ __all__ = ["corner_hits_racy_kernel", "corner_hits_kernel", "corner_hits_racy_la
 
 
 @triton.jit
-def _corners(loc_ptr, offs, mask, H, W):
-    """Top-left corner (row y0, column x0) of the samples ``offs`` (loc: (n, 2) as x, y)."""
+def _corner(loc_ptr, offs, mask, H, W, corner: tl.constexpr):
+    """Pixel (r * W + c) of corner ``corner`` (00, 01, 10, 11 as 0..3) of the samples ``offs``
+    (loc: (n, 2) as x, y), and whether it lies on the map."""
     x_im = tl.load(loc_ptr + 2 * offs, mask=mask, other=0.0) * W - 0.5
     y_im = tl.load(loc_ptr + 2 * offs + 1, mask=mask, other=0.0) * H - 0.5
-    return tl.floor(y_im).to(tl.int32), tl.floor(x_im).to(tl.int32)
+    r = tl.floor(y_im).to(tl.int32) + corner // 2
+    c = tl.floor(x_im).to(tl.int32) + corner % 2
+    return r * W + c, mask & (r >= 0) & (r < H) & (c >= 0) & (c < W)
 
 
 @triton.jit
 def corner_hits_racy_kernel(loc_ptr, hits_ptr, n, H, W, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    y0, x0 = _corners(loc_ptr, offs, mask, H, W)
     for corner in tl.static_range(4):
-        r = y0 + corner // 2
-        c = x0 + corner % 2
-        on_map = mask & (r >= 0) & (r < H) & (c >= 0) & (c < W)
-        count = tl.load(hits_ptr + r * W + c, mask=on_map, other=0)   # lanes of one pixel
-        tl.store(hits_ptr + r * W + c, count + 1, mask=on_map)          # ... one store wins
+        pixel, on_map = _corner(loc_ptr, offs, offs < n, H, W, corner)
+        count = tl.load(hits_ptr + pixel, mask=on_map, other=0)     # lanes of one pixel
+        tl.store(hits_ptr + pixel, count + 1, mask=on_map)           # ... one store wins
 
 
 @triton.jit
 def corner_hits_kernel(loc_ptr, hits_ptr, n, H, W, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    y0, x0 = _corners(loc_ptr, offs, mask, H, W)
     for corner in tl.static_range(4):
-        r = y0 + corner // 2
-        c = x0 + corner % 2
-        on_map = mask & (r >= 0) & (r < H) & (c >= 0) & (c < W)
-        tl.atomic_add(hits_ptr + r * W + c, on_map.to(tl.int32), mask=on_map)
+        pixel, on_map = _corner(loc_ptr, offs, offs < n, H, W, corner)
+        tl.atomic_add(hits_ptr + pixel, on_map.to(tl.int32), mask=on_map)
 
 
 def _launch_hits(kernel, locations, height, width, block):
