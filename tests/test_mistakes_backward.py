@@ -116,12 +116,13 @@ MISTAKES = [
      [(PREDICTION, "    rows, cols = corners_of(locations, height, width)\n"
        "    on_map = (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)\n"
        "    pixels = rows * width + cols\n"
-       "    return int(sum(int(on_map[:, c].sum())\n"
-       "                   - torch.unique(pixels[:, c][on_map[:, c]]).numel() for c in range(4)))")],
+       "    return int(sum(int(on_map[:, c].sum()) - torch.unique(pixels[:, c][on_map[:, c]])\n"
+       "                   .numel() for c in range(4)))")],
      "lab08_check_lost", ["collisions across programs"]),
     (LAB08, "prediction across corners", LOST,
      [("        for corner in range(4):\n"
-       "            hit = pixels[start:start + block, corner][on_map[start:start + block, corner]]\n"
+       "            hit = pixels[start:start + block, corner]"
+       "[on_map[start:start + block, corner]]\n"
        "            lost += hit.numel() - torch.unique(hit).numel()",
        "        hit = pixels[start:start + block][on_map[start:start + block]]\n"
        "        lost += hit.numel() - torch.unique(hit).numel()")],
@@ -157,7 +158,8 @@ MISTAKES = [
     (LAB08, "kernel: grad_attn without the corner weights", BACKWARD,
      [("grad_a += wy * wx * gv", "grad_a += gv")],
      "lab08_check_backward_attn", ["corner weights are missing"]),
-    (LAB08, "kernel: grad_attn sign", BACKWARD, [("grad_a += wy * wx * gv", "grad_a -= wy * wx * gv")],
+    (LAB08, "kernel: grad_attn sign", BACKWARD,
+     [("grad_a += wy * wx * gv", "grad_a -= wy * wx * gv")],
      "lab08_check_backward_attn", ["sign error"]),
     (LAB08, "kernel: corners off the map read", BACKWARD,
      [("v = tl.load(value_ptr + offs, mask=msk, other=0.0)",

@@ -11,10 +11,11 @@ in place of a gradient.
   map).  Lanes of one store that hit the same pixel read the same old count, and one store
   wins: updates are lost.
 - ``corner_hits_kernel``: the same with ``tl.atomic_add``: every update lands.
-- ``corner_pixels``, ``racy_stores``, ``corner_hits``, ``corner_hits_racy``,
+- ``corner_pixels``, ``racy_stores``, ``count_hits``, ``corner_hits``, ``corner_hits_racy``,
   ``lost_updates``: the same in PyTorch: the corners of each sample, the pixels each store of
-  the racy kernel writes, the exact histogram, the histogram the racy kernel leaves when
-  programs run one after another (Triton's interpreter), and how many updates it loses there.
+  the racy kernel writes, counts with atomics or with the race, the exact histogram, the
+  histogram the racy kernel leaves when programs run one after another (Triton's
+  interpreter), and how many updates it loses there.
 - ``scatter_add_naive`` / ``scatter_add_atomic``: a plain scatter-add of one value per lane,
   load-add-store and atomic (``scripts/gpu/lab08_race.py`` times them on a GPU).
 - ``msda_backward_kernel``, ``msda_backward(...)``: the course's backward kernel (grad_value
@@ -31,7 +32,7 @@ from source_kernels.backward import _msda_backward_kernel as msda_backward_kerne
 from source_kernels.backward import msda_backward
 
 __all__ = ["corner_hits_racy_kernel", "corner_hits_kernel", "corner_hits_racy_launch",
-           "corner_hits_launch", "corner_pixels", "racy_stores", "corner_hits",
+           "corner_hits_launch", "corner_pixels", "racy_stores", "count_hits", "corner_hits",
            "corner_hits_racy", "lost_updates", "scatter_add_naive_kernel", "scatter_add_naive",
            "scatter_add_atomic_kernel", "scatter_add_atomic", "msda_backward_kernel",
            "msda_backward"]
@@ -110,20 +111,30 @@ def racy_stores(pixels, hit, block, per_corner=True):
             yield chunk[chunk_hit]
 
 
+def count_hits(pixels, hit, size, block=None, per_corner=True):
+    """(size,) int64 counts of ``pixels`` (n, 4, values in [0, size)) where ``hit``.  With
+    ``block`` None every hit counts (atomic adds); else what the racy kernel leaves when its
+    programs of ``block`` samples run one after another: one update per store and distinct
+    pixel (``per_corner``: a store per corner, else one for all four)."""
+    if block is None:
+        return torch.bincount(pixels[hit], minlength=size)
+    hits = torch.zeros(size, dtype=torch.int64)
+    for pixels_stored in racy_stores(pixels, hit, block, per_corner):
+        hits[torch.unique(pixels_stored)] += 1
+    return hits
+
+
 def corner_hits(locations, height, width):
     """(H*W,) int64: how many corners of the samples land on each pixel."""
     rows, cols, on_map = corner_pixels(locations, height, width)
-    return torch.bincount((rows * width + cols)[on_map], minlength=height * width)
+    return count_hits(rows * width + cols, on_map, height * width)
 
 
 def corner_hits_racy(locations, height, width, block):
     """(H*W,) int64: what the racy kernel leaves when its programs (``block`` samples each)
-    run one after another: each pixel gains 1 per store that hits it, however many lanes."""
+    run one after another."""
     rows, cols, on_map = corner_pixels(locations, height, width)
-    hits = torch.zeros(height * width, dtype=torch.int64)
-    for pixels in racy_stores(rows * width + cols, on_map, block):
-        hits[torch.unique(pixels)] += 1
-    return hits
+    return count_hits(rows * width + cols, on_map, height * width, block)
 
 
 def lost_updates(locations, height, width, block):
