@@ -17,7 +17,9 @@ checks (the grader's second run, out of the kernel's reach) need no nbgrader.
 from __future__ import annotations
 
 import ast
+import base64
 import concurrent.futures as futures
+import copy
 import importlib
 import linecache
 import re
@@ -83,8 +85,13 @@ WRONG = {
         "lab05_hidden_half"}),
     "lab07_the_other_direction": ("lab07_grad_loc", _missing_w, {
         "lab07_check_grad_loc", "lab07_hidden_grad_loc"}),
+    # (the grad_value and half-precision checks fail; the visible checks of grad_attn and
+    # grad_loc pass but call the same msda_backward_kernel, whose hidden checks failed: the
+    # grading pipeline does not count them, autograde/verify.py)
     "lab08_concurrent_writes": ("lab08_backward_kernel", _non_atomic, {
-        "lab08_check_backward_value", "lab08_hidden_backward_value"}),
+        "lab08_check_backward_value", "lab08_hidden_backward_value",
+        "lab08_check_backward_half", "lab08_hidden_backward_half",
+        "lab08_check_backward_attn", "lab08_check_backward_loc"}),
     # (the operator's visible check calls msda_operator, whose hidden check of the validation
     # fails: the grading pipeline does not count a visible check of a function that failed a
     # hidden one, autograde/verify.py)
@@ -95,15 +102,20 @@ WRONG = {
 # the exact totals (automatically graded points) of the wrong submissions, out of the lab's
 # automatically graded maximum
 WRONG_TOTALS = {"lab05_forward_correct": (2.0, 17.0), "lab07_the_other_direction": (6.0, 9.0),
-                "lab08_concurrent_writes": (10.0, 13.0), "lab10_ship_it": (6.0, 12.0)}
+                "lab08_concurrent_writes": (12.0, 19.0), "lab10_ship_it": (6.0, 12.0)}
 # solution cells that must come out of the release whatever else changes (beyond the general
 # leak check): the kernels, the derivations and the data-race demo
 MUST_STRIP = {
     "lab05_forward_correct": ["lab05_kernel"],
     "lab07_the_other_direction": ["lab07_derivation_attn", "lab07_derivation_loc",
                                   "lab07_derivation_value"],
-    "lab08_concurrent_writes": ["lab08_backward_kernel", "lab08_naive_kernel"],
+    "lab08_concurrent_writes": ["lab08_backward_kernel", "lab08_racy_kernel",
+                                "lab08_atomic_kernel", "lab08_lost_updates"],
 }
+
+
+# the one import of the check modules a release may hold: the visible checks, in the setup cell
+VISIBLE_CHECKS_IMPORT = re.compile(r"from autograde\.checks import lab\d\d as check(\s+#.*)?")
 
 
 def _cells(nb):
@@ -185,7 +197,9 @@ def test_release_leaks_nothing(runs, lab):
         text = cells[grade_id].source
         assert "raise NotImplementedError()" in text or "YOUR ANSWER HERE" in text, grade_id
     for cell in release.cells:
-        if BEGIN_HIDDEN in cell.source or "autograde.checks" in cell.source:
+        checks = [line for line in cell.source.splitlines() if "autograde.checks" in line
+                  and not VISIBLE_CHECKS_IMPORT.fullmatch(line.strip())]
+        if BEGIN_HIDDEN in cell.source or checks:
             raise AssertionError(f"hidden test code in the release: {cell.source!r}")
 
 
@@ -335,9 +349,19 @@ def test_lab06_and_lab08_chips_compute_what_they_claim():
     base = torch.zeros(3)
     assert lab08.scatter_add_atomic(base, index, values).tolist() == \
         base.index_add(0, index, values).tolist()
-    lost = lab08.lost_updates(index, 64)
-    landed = lab08.scatter_add_naive(base, index, torch.ones(6)).sum().item()
-    assert lost == 3 and landed == 6 - lost
+    assert lab08.scatter_add_naive(base, index, torch.ones(6)).tolist() == [1.0, 1.0, 1.0]
+    # the corner-hit histogram: the kernels leave what the PyTorch chips say
+    locations = torch.rand(40, 2, generator=torch.Generator().manual_seed(0)) * 1.5 - 0.25
+    for height, width, block in ((3, 4, 16), (1, 1, 8), (5, 2, 64)):
+        exact = lab08.corner_hits(locations, height, width)
+        racy = lab08.corner_hits_racy(locations, height, width, block)
+        assert lab08.corner_hits_launch(locations, height, width, block).tolist() == \
+            exact.tolist()
+        assert lab08.corner_hits_racy_launch(locations, height, width, block).tolist() == \
+            racy.tolist()
+        lost = lab08.lost_updates(locations, height, width, block)
+        assert lost > 0 and lost == int(exact.sum() - racy.sum())
+    assert lab08.lost_updates(locations, 3, 4, 1) == 0         # one sample per program
 
 
 # ------------------------------------------------------------------ replay of the checks
@@ -368,11 +392,20 @@ def _solution_namespace(lab):
     return module.__dict__, calls
 
 
+def _recorded_tensors(events):
+    """The tensors a record holds, results first, then what the calls wrote into arguments."""
+    calls = [event for event in events if event.get("e") == "call"]
+    recorded = [event.get("result") for event in calls] + \
+        [m[1] for event in calls for m in event.get("mut") or []]
+    return [value for value in recorded if isinstance(value, dict)
+            and value.get("$t") == "tensor" and value.get("shape")]
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_hidden_checks_replay_out_of_the_kernel(lab):
     """Each hidden check, recorded as the grading kernel records it, replays in the grader's
-    process with the solution's functions replaced by the record; a record whose first result
-    is tampered with fails the replay."""
+    process with the solution's functions replaced by the record; a record with a tampered
+    tensor (a result, or an output a kernel wrote) fails the replay."""
     from autograde import recording
 
     namespace, calls = _solution_namespace(lab)
@@ -391,20 +424,24 @@ def test_hidden_checks_replay_out_of_the_kernel(lab):
         proxies = [recording.Proxy(context, name) for name in arg_names]
         recording.replay_check(check, proxies, {}, context)
         assert recording.unused_calls(context) == 0, grade_id
-        # tamper with the first recorded tensor result: the replay must notice
-        for event in events:
-            result = event.get("result") if event.get("e") == "call" else None
-            if isinstance(result, dict) and result.get("$t") == "tensor" and result.get("shape"):
-                import base64
-                raw = bytearray(base64.b64decode(result["b64"]))
-                raw[-1] ^= 0x40                                     # flip a high bit
-                result["b64"] = base64.b64encode(bytes(raw)).decode()
-                context = recording.ReplayContext(events, secret)
-                proxies = [recording.Proxy(context, name) for name in arg_names]
-                with pytest.raises(AssertionError):
-                    recording.replay_check(check, proxies, {}, context)
+        # tamper with a recorded tensor, returned or written into an argument (a kernel's
+        # outputs; a check of one step judges only some of them): the replay must notice
+        candidates = _recorded_tensors(events)
+        for index in range(len(candidates)):
+            tampered = copy.deepcopy(events)
+            value = _recorded_tensors(tampered)[index]
+            raw = bytearray(base64.b64decode(value["b64"]))
+            raw[-1] ^= 0x40                                         # flip a high bit
+            value["b64"] = base64.b64encode(bytes(raw)).decode()
+            context = recording.ReplayContext(tampered, secret)
+            proxies = [recording.Proxy(context, name) for name in arg_names]
+            try:
+                recording.replay_check(check, proxies, {}, context)
+            except AssertionError:
                 tampered_any = True
                 break
+        else:
+            assert not candidates, f"{grade_id}: no tampered record fails the replay"
     if lab in ("lab05_forward_correct", "lab07_the_other_direction", "lab08_concurrent_writes",
                "lab10_ship_it"):
         assert tampered_any

@@ -1,139 +1,407 @@
-"""Hidden checks of lab 08 (concurrent writes): the racy scatter loses updates the way a
-single program must, the prediction of how many, the atomic scatter, and the backward kernel
-against autograd through the fp64 reference."""
+"""Checks of lab 08 (concurrent writes): the corner-hit histogram with a race and with
+atomics, the prediction of the updates the race loses, and the backward kernel, one gradient
+at a time, against autograd through the float64 reference.
+
+One code path for the visible checks (a fixed ``seed``) and the hidden ones (``seed=None``:
+the grader's seed).  The checks launch the student's kernels themselves, through
+``guard.launch``: every read and write outside a tensor is reported with the kernel line that
+made it, never executed.  Expected values and the diagnosis of a wrong result come from the
+float64 reference and lab 08's chips, imported only when a check judges.
+"""
 from __future__ import annotations
 
 import torch
 
+from autograde import recording
+
 from . import _operator as op
-from .common import count_kernel_launches, forbid_references, fresh_generator
+from . import diagnose_grad, guard
+from .common import check_close, expect, forbid_references, fresh_generator, judging
+
+__all__ = ["check_corner_hits_racy", "check_lost_updates", "check_corner_hits",
+           "check_backward_grad_attn", "check_backward_grad_loc", "check_backward_grad_value",
+           "check_backward_half"]
 
 
-def _launched(fn, *args, **kwargs):
-    with forbid_references(fn), count_kernel_launches() as launches:
-        got = fn(*args, **kwargs)
-    if launches.count == 0:
-        raise AssertionError(f"{getattr(fn, '__name__', 'the function')} launched no Triton "
-                             "kernel")
-    if not isinstance(got, torch.Tensor):
-        raise AssertionError(f"expected a tensor, got {type(got).__name__}")
-    return got.detach().cpu()
+def _chip():
+    from source_kernels.chips import lab08
+    return lab08
 
 
-def check_naive_scatter(scatter_add_naive):
-    """One program (n <= block): distinct indices are added exactly; for an index that occurs
-    several times, exactly one of its updates survives (which one is up to the hardware)."""
-    gen = fresh_generator()
+def _is_kernel(obj) -> bool:
+    return hasattr(obj, "fn") and hasattr(obj, "run") and callable(getattr(obj, "fn", None))
+
+
+def _launch(kernel, name, grid, args, kwargs, what, hint):
+    """Run ``kernel[grid](*args, **kwargs)`` with every access checked; returns the tensors it
+    ran on (in the grader's replay: ``args`` themselves, updated from the record)."""
+    if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
+        raise AssertionError(f"{name} must be a @triton.jit kernel, got "
+                             f"{type(kernel).__name__}")
+    report = None
+    with forbid_references(kernel):
+        if recording.replaying():
+            kernel[grid](*args, **kwargs)
+        else:
+            report = guard.launch(kernel, grid, *args, **kwargs)
+    if report is None:
+        return args
+    if report.violations:
+        tensor = report.violations[0].tensor
+        report.check(what, hint.get(tensor, hint.get(None)) if isinstance(hint, dict) else hint)
+    return report.args
+
+
+# ------------------------------------------------------------------ the corner-hit histogram
+_HITS_GUARD = {
+    "loc_ptr": "lanes past the last sample read past the locations: load them with the lane "
+               "mask (offs < n)",
+    "hits_ptr": "corners off the map are counted: a corner off the map has no pixel, and "
+                "row * W + column then points outside hits (or at another pixel); mask each "
+                "corner's load and store with its on-map test (0 <= row < H and 0 <= column < W)",
+    None: "mask every access: the lane mask (offs < n) for the locations, each corner's on-map "
+          "test for the counts"}
+
+
+def _uniform(gen, n, outside):
+    return torch.rand(n, 2, generator=gen) * (1 + 2 * outside) - outside
+
+
+def _clustered(gen, n, spread):
+    centre = torch.rand(2, generator=gen) * 0.6 + 0.2
+    return centre + spread * torch.randn(n, 2, generator=gen)
+
+
+def _hits_cases(gen):
+    """(description, H, W, locations (n, 2) float32, samples per program)."""
+    yield ("40 samples on a 3 x 4 map, 16 per program", 3, 4, _uniform(gen, 40, 0.25), 16)
+    yield ("13 samples on a 1 x 1 map, 8 per program", 1, 1, _uniform(gen, 13, 0.3), 8)
+    yield ("100 samples clustered on a 6 x 5 map, 32 per program", 6, 5,
+           _clustered(gen, 100, 0.15), 32)
+
+
+def _run_hits(kernel, name, height, width, locations, block, what):
+    loc = locations.to(op.device(), torch.float32).contiguous()
+    hits = torch.zeros(height * width, dtype=torch.int32, device=loc.device)
+    n = loc.shape[0]
+    ran_on = _launch(kernel, name, (-(-n // block),), (loc, hits, n, height, width),
+                     {"BLOCK": block}, what, _HITS_GUARD)
+    return ran_on[1].detach().cpu().long()
+
+
+def _hits_variants(locations, height, width, block, racy):
+    """(hint, histogram) of the usual mistakes of a corner-hit kernel (racy or atomic)."""
+    chip = _chip()
+    rows, cols, on_map = chip.corner_pixels(locations, height, width)
+
+    def counted(rows, cols, hit, *, stride=width, per_corner=True, atomic=not racy):
+        pixels = rows * stride + cols
+        hit = hit & (pixels >= 0) & (pixels < height * width)
+        return chip.count_hits(pixels, hit, height * width, None if atomic else block,
+                               per_corner)
+
+    def moved(loc):
+        return chip.corner_pixels(loc, height, width)
+
+    every = torch.ones_like(on_map)
+    if racy:
+        yield ("every update landed: that is the atomic kernel of stage 3. Here write the plain "
+               "read-modify-write (tl.load the counts, add 1, tl.store), so that you can see "
+               "what it loses", counted(rows, cols, on_map, atomic=True))
+        yield ("you update the four corners in one store: lanes of different corners then "
+               "collide too. Do one load and one store per corner, in the order 00, 01, 10, 11",
+               counted(rows, cols, on_map, per_corner=False))
+    else:
+        yield ("updates are lost: a plain load, add 1, store keeps one update per pixel and "
+               "store when lanes share a pixel (the counts match the racy kernel's); use "
+               "tl.atomic_add, which makes each update indivisible",
+               counted(rows, cols, on_map, atomic=False))
+    yield ("corners off the map are counted: without the on-map test, corner (row, column) "
+           "adds into pixel row * W + column, another pixel of the map; mask each corner with "
+           "0 <= row < H and 0 <= column < W", counted(rows, cols, every))
+    yield ("you use x * W instead of x * W - 0.5: every corner sits half a pixel off",
+           counted(*moved(locations + torch.tensor([0.5 / width, 0.5 / height]))))
+    yield ("x and y are swapped: a location is (x, y), x along the width W",
+           counted(*moved(locations.flip(-1))))
+    if height != width:
+        yield ("W and H are swapped: x runs along the width, so x_im = x * W - 0.5 and "
+               "y_im = y * H - 0.5",
+               counted(*moved(locations * torch.tensor([height / width, width / height]))))
+    truncated = locations.clone()
+    for axis, size in ((0, width), (1, height)):
+        pixel = locations[:, axis].double() * size - 0.5
+        truncated[:, axis] = torch.where((pixel < 0) & (pixel != pixel.floor()),
+                                         locations[:, axis] + 1.0 / size, locations[:, axis])
+    yield ("the corner is truncated towards zero, not floored: for a negative pixel coordinate "
+           "the cast to int rounds up (-0.3 becomes 0, where floor gives -1); use tl.floor "
+           "before the cast",
+           counted(*moved(truncated)))
+    if height != width:
+        yield ("the row stride is H: pixel (row, column) lives at row * W + column of hits",
+               counted(rows, cols, on_map, stride=height))
+
+
+def _check_hits(kernel, name, seed, racy):
+    gen = fresh_generator(seed)
     seed = gen.initial_seed()
-    dev = op.device()
-    rows, n = 12, 40
-    base = torch.randn(rows, generator=gen)
-    index = torch.randint(0, rows, (n,), generator=gen)
-    index[:4] = rows - 1                                    # at least one duplicated index
-    values = torch.randn(n, generator=gen)
-    got = _launched(scatter_add_naive, base.to(dev), index.to(dev), values.to(dev), block=64)
-    what = f"scatter_add_naive of {n} updates into {rows} rows in one program (hidden check, seed {seed})"
-    if got.shape != base.shape:
-        raise AssertionError(f"{what}: expected shape {tuple(base.shape)}, got {tuple(got.shape)}")
-    for row in range(rows):
-        hits = (index == row).nonzero().reshape(-1)
-        if hits.numel() == 0:
-            if got[row] != base[row]:
-                raise AssertionError(f"{what}: row {row} gets no update but changed from "
-                                     f"{base[row]:.6g} to {got[row]:.6g}")
+    chip = None
+    for description, height, width, locations, block in _hits_cases(gen):
+        what = f"{name}, {description} (seed {seed})"
+        got = _run_hits(kernel, name, height, width, locations, block, what)
+        if not judging():
             continue
-        candidates = base[row] + values[hits]               # old value + one of the updates
-        if not (got[row] == candidates).any():
-            total = base[row] + values[hits].sum()
-            extra = (" That is the full sum: this stage wants the plain load-add-store, whose "
-                     "lost updates the next stage fixes." if torch.isclose(got[row], total)
-                     else "")
-            raise AssertionError(
-                f"{what}: row {row} receives {hits.numel()} updates; with load, add, store in "
-                f"one program every lane reads the same old value {base[row]:.6g}, so the row "
-                f"must end as old + one of the updates ({', '.join(f'{v:.6g}' for v in candidates.tolist())}), "
-                f"got {got[row]:.6g}.{extra}")
+        chip = chip or _chip()
+        if racy and op.device() != "cpu":
+            _within_race_bounds(got, chip.corner_hits(locations, height, width), what)
+            continue
+        expected = (chip.corner_hits_racy(locations, height, width, block) if racy
+                    else chip.corner_hits(locations, height, width))
+        if not torch.equal(got, expected):
+            check_close(got, expected, atol=0, rtol=0, axes=("pixel",), what=what,
+                        hint=_first_variant(got, _hits_variants(locations, height, width,
+                                                                block, racy)))
+    if judging():
+        kind = ("loses exactly the updates that a read-modify-write loses when programs run one "
+                "after another" if racy else "counts every corner on the map")
+        print(f"{name} {kind}: 3 cases (seed {seed})")
 
 
-def check_lost_updates(lost_updates):
-    gen = fresh_generator()
+def _within_race_bounds(got, exact, what):
+    """On a GPU programs race too: a pixel that is hit gets between 1 and all its updates."""
+    low = (exact > 0).long()
+    bad = (got < low) | (got > exact)
+    if bad.any():
+        pixel = int(bad.nonzero()[0])
+        raise AssertionError(f"{what}: at pixel {pixel}: expected between {int(low[pixel])} "
+                             f"and {int(exact[pixel])} (racing updates), got {int(got[pixel])}")
+
+
+def _first_variant(got, variants):
+    for hint, variant in variants:
+        if variant is not None and torch.equal(got, variant):
+            return hint
+    return ("none of the usual mistakes (a mask, the half-pixel offset, x and y, floor, the row "
+            "stride, the order of the stores) explains it: print the corners of the samples "
+            "that hit the pixel named above")
+
+
+def check_corner_hits_racy(corner_hits_racy_kernel, seed=None):
+    """The racy corner-hit kernel leaves what a read-modify-write leaves (on the CPU)."""
+    _check_hits(corner_hits_racy_kernel, "corner_hits_racy_kernel", seed, racy=True)
+
+
+def check_corner_hits(corner_hits_kernel, seed=None):
+    """The atomic corner-hit kernel counts every corner on the map."""
+    _check_hits(corner_hits_kernel, "corner_hits_kernel", seed, racy=False)
+
+
+# ------------------------------------------------------------------ the prediction
+def _prediction_cases(gen):
+    """(description, H, W, locations, samples per program): cases where every wrong rule below
+    gives another number."""
+    yield from _hits_cases(gen)
+    yield ("50 samples on a 2 x 3 map, 1 per program", 2, 3, _uniform(gen, 50, 0.2), 1)
+
+
+def _prediction_variants(locations, height, width, block):
+    chip = _chip()
+    rows, cols, on_map = chip.corner_pixels(locations, height, width)
+    n = rows.shape[0]
+    pixels = rows * width + cols
+    sent = int(on_map.sum())
+
+    def landed(key, hit, block, per_corner=True):
+        return int(chip.count_hits(key, hit, int(key.max()) + 1, block, per_corner).sum())
+
+    every = torch.ones_like(on_map)
+    span = int(cols.max() - cols.min()) + 1
+    anywhere = (rows - rows.min()) * span + cols - cols.min()      # on the map or not
+    yield ("you count collisions across programs: here programs run one after another, so a "
+           "program reads what the previous ones stored; only lanes of one program can "
+           "overwrite each other", sent - landed(pixels, on_map, max(n, 1)))
+    yield ("you count collisions between different corners: the four corners are four "
+           "load-store pairs, one after another, so only lanes of one store overwrite each other",
+           sent - landed(pixels, on_map, block, per_corner=False))
+    yield ("you count collisions across programs and across corners: only lanes of one store "
+           "(one program, one corner) overwrite each other",
+           sent - landed(pixels, on_map, max(n, 1), per_corner=False))
+    yield ("you count corners off the map: the kernel masks them, so they are no updates at all",
+           4 * n - landed(anywhere, every, block))
+    yield ("your count of updates sent includes the corners off the map, which the kernel "
+           "never sends", 4 * n - landed(pixels, on_map, block))
+    yield ("that is the number of updates that land (one per pixel and store); the lost ones "
+           "are the others", landed(pixels, on_map, block))
+    collided = sum(int((torch.unique(s, return_counts=True)[1] >= 2).sum())
+                   for s in chip.racy_stores(pixels, on_map, block))
+    yield ("you count the pixels that see a collision: a pixel that n lanes of one store hit "
+           "keeps one update and loses n - 1", collided)
+
+
+def check_lost_updates(lost_updates, seed=None):
+    """lost_updates(locations, height, width, block) predicts what the racy kernel loses."""
+    gen = fresh_generator(seed)
     seed = gen.initial_seed()
-    for n, rows, block in ((50, 7, 16), (64, 64, 64), (33, 2, 8), (10, 100, 4), (1, 1, 1)):
-        index = torch.randint(0, rows, (n,), generator=gen)
-        expected = sum(int(c.numel() - torch.unique(c).numel()) for c in index.split(block))
+    for description, height, width, locations, block in _prediction_cases(gen):
         with forbid_references(lost_updates):
-            got = lost_updates(index.clone(), block)
-        if not isinstance(got, int) or isinstance(got, bool) or got != expected:
-            raise AssertionError(f"lost_updates of {n} indices into {rows} rows, {block} per "
-                                 f"program: expected {expected}, got {got!r} (hidden check, "
-                                 f"seed {seed}). Per program, every index after the first "
-                                 "occurrence of its value is an update that is lost.")
+            got = lost_updates(locations.clone(), height, width, block)
+        what = f"lost_updates, {description} (seed {seed})"
+        if isinstance(got, torch.Tensor) and got.numel() == 1 and not got.is_floating_point():
+            raise AssertionError(f"{what}: return a Python int (int(...)), got a tensor "
+                                 f"{got.item()}")
+        if not isinstance(got, int) or isinstance(got, bool):
+            raise AssertionError(f"{what}: expected an int, got {type(got).__name__}")
+        expected = expect(lambda: _chip().lost_updates(locations, height, width, block))
+        if expected is not None and got != expected:
+            hint = next((text for text, value in _prediction_variants(locations, height, width,
+                                                                      block) if value == got),
+                        "think about which lanes can overwrite each other: lanes of one "
+                        "program? of one corner? and which corners are updates at all?")
+            raise AssertionError(f"{what}: expected {expected}, got {got}\nHint: {hint}")
+    if judging():
+        print(f"lost_updates predicts the racy kernel's loss in 4 cases (seed {seed})")
 
 
-def check_atomic_scatter(scatter_add_atomic):
-    gen = fresh_generator()
-    seed = gen.initial_seed()
-    dev = op.device()
-    for rows, n, block in ((5, 200, 32), (1, 37, 16), (50, 64, 64)):
-        base = torch.randn(rows, generator=gen)
-        index = torch.randint(0, rows, (n,), generator=gen)
-        values = torch.randn(n, generator=gen)
-        expected = base.double().index_add(0, index, values.double())
-        got = _launched(scatter_add_atomic, base.to(dev), index.to(dev), values.to(dev),
-                        block=block)
-        op.assert_scaled(got, expected, torch.float32,
-                         f"scatter_add_atomic of {n} updates into {rows} rows, {block} per "
-                         f"program (hidden check, seed {seed})", ("row",),
-                         hint="tl.atomic_add(out_ptr + idx, vals, mask=mask) adds every lane's "
-                              "value, duplicates included")
+# ------------------------------------------------------------------ the backward kernel
+_QUERY_MASK = ("lanes past the last query (the last block of BLOCK_Q runs past Q) go outside "
+               "the tensor: mask their loads and stores with offs_q < Q")
+_BACKWARD_GUARD = {
+    "value_ptr": "corners off the map are read: a corner off the map has no row, and "
+                 "start + r * W + c then points outside value (or at another pixel or level); "
+                 "load with mask=<corner on the map, channel < D> and other=0.0",
+    "grad_value_ptr": "corners off the map receive gradient: a corner off the map has no row, "
+                      "and start + r * W + c then points outside grad_value (or at another "
+                      "pixel or level); mask the atomic add with the corner's on-map test (and "
+                      "the channel mask), as the gather",
+    "grad_out_ptr": _QUERY_MASK, "loc_ptr": _QUERY_MASK, "attn_ptr": _QUERY_MASK,
+    "grad_loc_ptr": _QUERY_MASK, "grad_attn_ptr": _QUERY_MASK,
+    None: "mask every access: the query mask for grad_out, the locations, the weights and the "
+          "stores of grad_loc and grad_attn; each corner's on-map test (with the channel mask) "
+          "for value and grad_value"}
 
 
-def _backward_case(gen):
-    """A 1x1 level (every query of a block hits its only pixel: guaranteed collisions) and a
-    small level with local locations (neighbouring queries share corners)."""
-    args = op.inputs(gen, 1, 10, 2, 4, [[3, 4], [1, 1]], 2, distribution="local",
-                     sigma_pixels=0.7)
-    out_shape = (1, 10, 2 * 4)
-    grad_output = torch.randn(out_shape, generator=gen).to(args["value"].device)
+def _backward_case(gen, dtype=torch.float32, distribution="uniform", heads=2):
+    """Two levels, one of them 1x1; 10 queries, so that a block of 8 leaves lanes past Q."""
+    kwargs = (dict(distribution="local", sigma_pixels=0.7) if distribution == "local"
+              else dict(outside=0.2))
+    args = op.inputs(gen, 1, 10, heads, 4, [[3, 4], [1, 1]], 2, dtype=dtype, **kwargs)
+    grad_output = torch.randn(1, 10, heads * 4, generator=gen).to(args["value"].device, dtype)
     return args, grad_output
 
 
-def _run_backward(msda_backward, args, grad_output):
-    with forbid_references(msda_backward), count_kernel_launches() as launches:
-        got = msda_backward(grad_output, *args.values(), block_q=8)
-    if launches.count == 0:
-        raise AssertionError("msda_backward launched no Triton kernel")
-    if not (isinstance(got, (tuple, list)) and len(got) == 3):
-        raise AssertionError("msda_backward must return (grad_value, grad_sampling_locations, "
-                             f"grad_attention_weights), got {type(got).__name__}")
-    return got
+def _run_backward(kernel, args, grad_output, block_q, what):
+    """The kernel on the inputs, launched as the lab's launcher does; returns (grad_value,
+    grad_loc, grad_attn) on the CPU, grad_value in the dtype of value."""
+    import triton.language as tl
+
+    value = args["value"].contiguous()
+    batch, total, heads, channels = value.shape
+    _, queries, _, levels, points, _ = args["sampling_locations"].shape
+    wide = value.dtype == torch.float64
+    grad_value = torch.zeros(value.shape, dtype=torch.float64 if wide else torch.float32,
+                             device=value.device)
+    grad_loc = torch.zeros_like(args["sampling_locations"])
+    grad_attn = torch.zeros_like(args["attention_weights"])
+    tensors = (grad_output.contiguous(), value, args["value_spatial_shapes"].contiguous(),
+               args["value_level_start_index"].contiguous(),
+               args["sampling_locations"].contiguous(), args["attention_weights"].contiguous(),
+               grad_value, grad_loc, grad_attn)
+    launch = dict(L=levels, K=points, BLOCK_Q=block_q,
+                  BLOCK_D=max(1, 1 << (channels - 1).bit_length()),
+                  ACC_DTYPE=tl.float64 if wide else tl.float32)
+    ran_on = _launch(kernel, "msda_backward_kernel", (-(-queries // block_q), batch * heads),
+                     tensors + (total, queries, heads, channels), launch, what, _BACKWARD_GUARD)
+    return (ran_on[6].detach().to(value.dtype).cpu(), ran_on[7].detach().cpu(),
+            ran_on[8].detach().cpu())
 
 
-def check_backward_grad_value(msda_backward):
-    gen = fresh_generator()
+_FALLBACK = {
+    "grad_attention_weights": "none of the usual mistakes (a sign, the corner weights, the "
+                              "attention weight, corners off the map) explains it",
+    "grad_sampling_locations": "none of the usual mistakes (a sign, the factors W and H, x and "
+                               "y, d_x and d_y, the attention weight, corners off the map) "
+                               "explains it",
+    "grad_value": "none of the usual mistakes (a sign, the attention weight, corners off the "
+                  "map, lost updates) explains it",
+}
+
+
+def _judge_gradient(name, got, args, grad_output, what, dtype=torch.float32):
+    expected = expect(op.gradients_fp64, args, grad_output)
+    if expected is None:
+        return
+    expected = expected[diagnose_grad.GRADIENT_INDEX[name]]
+
+    def hint():
+        named = diagnose_grad.explain(name, got, expected, args, grad_output, dtype,
+                                      off_map="flat")
+        return named or (_FALLBACK[name] + ": compare your kernel with lab 07's chip (the "
+                         "cell above the checks) on the element named above")
+    op.assert_scaled(got, expected, dtype, what, diagnose_grad.GRADIENT_AXES[name],
+                     table=op.GRAD_TOLERANCE, hint=hint)
+
+
+def _check_gradient(kernel, name, seed, distribution):
+    gen = fresh_generator(seed)
     seed = gen.initial_seed()
-    args, grad_output = _backward_case(gen)
-    expected = op.gradients_fp64(args, grad_output)[0]
-    got = _run_backward(msda_backward, args, grad_output)[0]
-    op.assert_scaled(got, expected, torch.float32,
-                     f"grad_value with queries sharing corners (hidden check, seed {seed})",
-                     op.VALUE_AXES, table=op.GRAD_TOLERANCE,
-                     hint="queries of one program that share a corner write the same row of "
-                          "grad_value: load + store loses all but one of them; use "
-                          "tl.atomic_add")
+    args, grad_output = _backward_case(gen, distribution=distribution)
+    block_q = 8
+    description = ("queries sharing corners" if distribution == "local"
+                   else "locations up to 20% outside the maps")
+    what = f"{name} of msda_backward_kernel, {description}, BLOCK_Q = {block_q} (seed {seed})"
+    got = _run_backward(kernel, args, grad_output, block_q, what)
+    got = got[diagnose_grad.GRADIENT_INDEX[name]]
+    _judge_gradient(name, got, args, grad_output, what)
+    if judging():
+        print(f"{name} of msda_backward_kernel matches autograd through the float64 reference "
+              f"({description}, seed {seed})")
 
 
-def check_backward_grad_sampling(msda_backward):
-    gen = fresh_generator()
+def check_backward_grad_attn(msda_backward_kernel, seed=None):
+    _check_gradient(msda_backward_kernel, "grad_attention_weights", seed, "uniform")
+
+
+def check_backward_grad_loc(msda_backward_kernel, seed=None):
+    _check_gradient(msda_backward_kernel, "grad_sampling_locations", seed, "uniform")
+
+
+def check_backward_grad_value(msda_backward_kernel, seed=None):
+    _check_gradient(msda_backward_kernel, "grad_value", seed, "local")
+
+
+def check_backward_half(msda_backward_kernel, seed=None):
+    """float16 and bfloat16 inputs: the kernel computes in ACC_DTYPE (float32) and stores in
+    the output's dtype.  The same inputs in float32 run first: right there and wrong in half
+    precision names the missing conversion."""
+    gen = fresh_generator(seed)
     seed = gen.initial_seed()
-    args, grad_output = _backward_case(gen)
-    _, grad_loc, grad_attn = op.gradients_fp64(args, grad_output)
-    got = _run_backward(msda_backward, args, grad_output)
-    what = f"(hidden check, seed {seed})"
-    op.assert_scaled(got[2], grad_attn, torch.float32, f"grad_attention_weights {what}",
-                     op.PARAM_AXES, table=op.GRAD_TOLERANCE,
-                     hint="grad_attn = sum over channels of g * (the bilinear sample)")
-    op.assert_scaled(got[1], grad_loc, torch.float32, f"grad_sampling_locations {what}",
-                     op.LOC_AXES, table=op.GRAD_TOLERANCE,
-                     hint="grad_x = attn * W * <g, (1-dy)(v01-v00) + dy(v11-v10)>; grad_y "
-                          "likewise with H")
+    args, grad_output = _backward_case(gen, dtype=torch.float16, distribution="local", heads=1)
+    block_q = 8
+    runs = []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in args.items()}
+        what = (f"msda_backward_kernel with {str(dtype).replace('torch.', '')} inputs, "
+                f"BLOCK_Q = {block_q} (seed {seed})")
+        runs.append((dtype, cast, grad_output.to(dtype), what,
+                     _run_backward(msda_backward_kernel, cast, grad_output.to(dtype), block_q,
+                                   what)))
+    if not judging():
+        return
+    for dtype, cast, grad, what, got in runs:
+        for name in ("grad_value", "grad_sampling_locations", "grad_attention_weights"):
+            index = diagnose_grad.GRADIENT_INDEX[name]
+            if got[index].dtype != dtype:
+                raise AssertionError(f"{name}, {what}: expected dtype {dtype}, got "
+                                     f"{got[index].dtype}")
+            try:
+                _judge_gradient(name, got[index], cast, grad, f"{name}, {what}",
+                                dtype=dtype)
+            except AssertionError as failure:
+                if dtype == torch.float32:
+                    raise
+                raise AssertionError(
+                    str(failure).split("\nHint:")[0] + "\nHint: your kernel is right in "
+                    f"float32 and wrong in {str(dtype).replace('torch.', '')}: it computes in "
+                    "the input dtype. Convert every loaded value with .to(ACC_DTYPE) right after "
+                    "tl.load, accumulate in ACC_DTYPE, and cast only what you store (Triton's "
+                    "interpreter even computes wrong numbers on bfloat16 directly)") from None
+    print(f"msda_backward_kernel is right with float32, float16 and bfloat16 inputs (seed {seed})")

@@ -1,0 +1,380 @@
+"""The visible checks of labs 07 and 08 name the typical mistakes of the backward pass.
+
+Each row of ``MISTAKES`` puts one typical mistake into the lab's own solution (a text
+substitution in the source notebook's solution cell), runs the visible check that follows it
+in this process (not through nbgrader) and asserts that the check fails with a message naming
+the mistake.  ``AUTOGRAD`` does the same for lab 07 submissions that get their gradients from
+autograd: the visible check and the hidden one (as the grading kernel runs it) both fail with
+the hand-written-gradients message.
+
+Per lab, the source notebook's setup, given and solution cells run once; each mistake then
+runs only its own solution cell and the check.
+"""
+from __future__ import annotations
+
+import linecache
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nbgrader_helpers import BEGIN_HIDDEN, nbgrader_meta, source_notebook  # noqa: E402
+
+LAB07, LAB08 = "lab07_the_other_direction", "lab08_concurrent_writes"
+# ungraded cells that only draw, time or demonstrate: not needed to check anything
+SKIP = ("fig_", "gpu_", "race_", "gradcheck", "compare_")
+
+ATTN, LOC, VALUE = "lab07_grad_attn", "lab07_grad_loc", "lab07_grad_value"
+RACY, LOST, ATOMIC, BACKWARD = ("lab08_racy_kernel", "lab08_lost_updates",
+                                "lab08_atomic_kernel", "lab08_backward_kernel")
+PREDICTION = '''    rows, cols = corners_of(locations, height, width)
+    on_map = (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)
+    pixels = rows * width + cols
+    lost = 0
+    for start in range(0, pixels.shape[0], block):
+        for corner in range(4):
+            hit = pixels[start:start + block, corner][on_map[start:start + block, corner]]
+            lost += hit.numel() - torch.unique(hit).numel()
+    return int(lost)'''
+NO_ON_MAP = ("on_map = mask & (r >= 0) & (r < H) & (c >= 0) & (c < W)", "on_map = mask")
+ALL_LANES = "mask_q[:, None] & mask_d[None, :]"
+
+# (lab, mistake, solution cell, [(old, new)], visible check cell, words the message must hold)
+MISTAKES = [
+    # lab 07: the three gradients in PyTorch
+    (LAB07, "grad_attn without the corner weights", ATTN,
+     [('(c["weights"][..., None] * c["values"]).sum(dim=-2)', 'c["values"].sum(dim=-2)')],
+     "lab07_check_grad_attn", ["corner weights are missing"]),
+    (LAB07, "grad_attn times the attention weight", ATTN,
+     [("return (samples * g).sum(dim=-1)",
+       "return (samples * g).sum(dim=-1) * attention_weights")],
+     "lab07_check_grad_attn", ["multiply by the attention weight"]),
+    (LAB07, "grad_attn sign", ATTN,
+     [("return (samples * g).sum(dim=-1)", "return -(samples * g).sum(dim=-1)")],
+     "lab07_check_grad_attn", ["sign error"]),
+    (LAB07, "grad_loc without W and H", LOC,
+     [(' * c["width"]', ""), (' * c["height"]', "")],
+     "lab07_check_grad_loc", ["factors W and H are missing"]),
+    (LAB07, "grad_loc without W", LOC, [(' * c["width"]', "")],
+     "lab07_check_grad_loc", ["x column lacks the factor W"]),
+    (LAB07, "grad_loc with W and H swapped", LOC,
+     [(' * c["width"]', ' * c["HEIGHT"]'), (' * c["height"]', ' * c["width"]'),
+      ('c["HEIGHT"]', 'c["height"]')],
+     "lab07_check_grad_loc", ["W and H are swapped"]),
+    (LAB07, "grad_loc sign", LOC,
+     [("return torch.stack([grad_x, grad_y], dim=-1)",
+       "return -torch.stack([grad_x, grad_y], dim=-1)")],
+     "lab07_check_grad_loc", ["sign error"]),
+    (LAB07, "grad_loc sign of x", LOC,
+     [("d_x_im = (1 - dy) * (gv01 - gv00) + dy * (gv11 - gv10)",
+       "d_x_im = (1 - dy) * (gv00 - gv01) + dy * (gv10 - gv11)")],
+     "lab07_check_grad_loc", ["x column has the wrong sign"]),
+    (LAB07, "grad_loc with d_x and d_y swapped", LOC,
+     [("d_x_im = (1 - dy) * (gv01 - gv00) + dy * (gv11 - gv10)",
+       "d_x_im = (1 - dx) * (gv01 - gv00) + dx * (gv11 - gv10)"),
+      ("d_y_im = (1 - dx) * (gv10 - gv00) + dx * (gv11 - gv01)",
+       "d_y_im = (1 - dy) * (gv10 - gv00) + dy * (gv11 - gv01)")],
+     "lab07_check_grad_loc", ["d_x and d_y are swapped"]),
+    (LAB07, "grad_loc with x and y swapped", LOC,
+     [("return torch.stack([grad_x, grad_y], dim=-1)",
+       "return torch.stack([grad_y, grad_x], dim=-1)")],
+     "lab07_check_grad_loc", ["x and y are swapped"]),
+    (LAB07, "grad_loc without the attention weight", LOC,
+     [("grad_x = attention_weights * d_x_im", "grad_x = d_x_im"),
+      ("grad_y = attention_weights * d_y_im", "grad_y = d_y_im")],
+     "lab07_check_grad_loc", ["attention weight is missing"]),
+    (LAB07, "grad_value: corners off the map receive gradient", VALUE,
+     [(' * c["inside"].to(value.dtype)', "")],
+     "lab07_check_grad_value", ["corners off the map receive gradient"]),
+    (LAB07, "grad_value without the attention weight", VALUE,
+     [('scale = attention_weights[..., None] * c["weights"]', 'scale = c["weights"]')],
+     "lab07_check_grad_value", ["attention weight is missing"]),
+    (LAB07, "grad_value assigned, not added", VALUE, [("out.scatter_add_(", "out.scatter_(")],
+     "lab07_check_grad_value", ["assigns", "scatter_add_"]),
+    (LAB07, "grad_value sign", VALUE,
+     [("contributions = scale[..., None] * g", "contributions = -scale[..., None] * g")],
+     "lab07_check_grad_value", ["sign error"]),
+    # lab 08: the racy histogram, the prediction, the atomic histogram
+    (LAB08, "racy stage written with atomics", RACY,
+     [("        count = tl.load(hits_ptr + r * W + c, mask=on_map, other=0)\n"
+       "        tl.store(hits_ptr + r * W + c, count + 1, mask=on_map)",
+       "        tl.atomic_add(hits_ptr + r * W + c, on_map.to(tl.int32), mask=on_map)")],
+     "lab08_check_racy", ["every update landed"]),
+    (LAB08, "racy stage: corners off the map counted", RACY, [NO_ON_MAP],
+     "lab08_check_racy", ["before the start of hits_ptr", "corners off the map are counted"]),
+    (LAB08, "racy stage: x * W", RACY, [("* W - 0.5", "* W"), ("* H - 0.5", "* H")],
+     "lab08_check_racy", ["instead of x * W - 0.5"]),
+    (LAB08, "racy stage: lanes past n read", RACY,
+     [("tl.load(loc_ptr + 2 * offs, mask=mask, other=0.0)", "tl.load(loc_ptr + 2 * offs)")],
+     "lab08_check_racy", ["read past the end of loc_ptr", "offs < n"]),
+    (LAB08, "prediction across programs", LOST,
+     [(PREDICTION, "    rows, cols = corners_of(locations, height, width)\n"
+       "    on_map = (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)\n"
+       "    pixels = rows * width + cols\n"
+       "    return int(sum(int(on_map[:, c].sum()) - torch.unique(pixels[:, c][on_map[:, c]])\n"
+       "                   .numel() for c in range(4)))")],
+     "lab08_check_lost", ["collisions across programs"]),
+    (LAB08, "prediction across corners", LOST,
+     [("        for corner in range(4):\n"
+       "            hit = pixels[start:start + block, corner]"
+       "[on_map[start:start + block, corner]]\n"
+       "            lost += hit.numel() - torch.unique(hit).numel()",
+       "        hit = pixels[start:start + block][on_map[start:start + block]]\n"
+       "        lost += hit.numel() - torch.unique(hit).numel()")],
+     "lab08_check_lost", ["collisions between different corners"]),
+    (LAB08, "prediction counts corners off the map", LOST,
+     [("hit = pixels[start:start + block, corner][on_map[start:start + block, corner]]",
+       "hit = (rows * 1000 + cols)[start:start + block, corner]")],
+     "lab08_check_lost", ["corners off the map"]),
+    (LAB08, "prediction counts collided pixels", LOST,
+     [("lost += hit.numel() - torch.unique(hit).numel()",
+       "lost += int((torch.unique(hit, return_counts=True)[1] > 1).sum())")],
+     "lab08_check_lost", ["loses n - 1"]),
+    (LAB08, "atomic stage: load + store", ATOMIC,
+     [("tl.atomic_add(hits_ptr + r * W + c, on_map.to(tl.int32), mask=on_map)",
+       "tl.store(hits_ptr + r * W + c,\n"
+       "                 tl.load(hits_ptr + r * W + c, mask=on_map, other=0) + 1, mask=on_map)")],
+     "lab08_check_atomic", ["updates are lost", "tl.atomic_add"]),
+    (LAB08, "atomic stage: corners off the map counted", ATOMIC, [NO_ON_MAP],
+     "lab08_check_atomic", ["hits_ptr", "corners off the map are counted"]),
+    (LAB08, "atomic stage: x and y swapped", ATOMIC,
+     [("tl.load(loc_ptr + 2 * offs, mask=mask", "tl.load(loc_ptr + 2 * offs + 2, mask=mask"),
+      ("tl.load(loc_ptr + 2 * offs + 1, mask=mask", "tl.load(loc_ptr + 2 * offs, mask=mask"),
+      ("tl.load(loc_ptr + 2 * offs + 2, mask=mask", "tl.load(loc_ptr + 2 * offs + 1, mask=mask")],
+     "lab08_check_atomic", ["x and y are swapped"]),
+    (LAB08, "atomic stage: truncation", ATOMIC,
+     [("x0 = tl.floor(x_im).to(tl.int32)", "x0 = x_im.to(tl.int32)"),
+      ("y0 = tl.floor(y_im).to(tl.int32)", "y0 = y_im.to(tl.int32)")],
+     "lab08_check_atomic", ["truncated towards zero"]),
+    (LAB08, "atomic stage: row stride H", ATOMIC,
+     [("tl.atomic_add(hits_ptr + r * W + c,", "tl.atomic_add(hits_ptr + r * H + c,")],
+     "lab08_check_atomic", ["row stride is H"]),
+    # lab 08: the backward kernel, one gradient per check
+    (LAB08, "kernel: grad_attn without the corner weights", BACKWARD,
+     [("grad_a += wy * wx * gv", "grad_a += gv")],
+     "lab08_check_backward_attn", ["corner weights are missing"]),
+    (LAB08, "kernel: grad_attn sign", BACKWARD,
+     [("grad_a += wy * wx * gv", "grad_a -= wy * wx * gv")],
+     "lab08_check_backward_attn", ["sign error"]),
+    (LAB08, "kernel: corners off the map read", BACKWARD,
+     [("v = tl.load(value_ptr + offs, mask=msk, other=0.0)",
+       f"v = tl.load(value_ptr + offs, mask={ALL_LANES}, other=0.0)")],
+     "lab08_check_backward_attn", ["value_ptr", "corners off the map are read"]),
+    (LAB08, "kernel: grad_attn stored for lanes past Q", BACKWARD,
+     [("grad_a.to(grad_attn_ptr.dtype.element_ty), mask=mask_q)",
+       "grad_a.to(grad_attn_ptr.dtype.element_ty))")],
+     "lab08_check_backward_attn", ["past the end of grad_attn_ptr", "offs_q < Q"]),
+    (LAB08, "kernel: grad_loc without W and H", BACKWARD,
+     [("(a * W * grad_x_im)", "(a * grad_x_im)"), ("(a * H * grad_y_im)", "(a * grad_y_im)")],
+     "lab08_check_backward_loc", ["factors W and H are missing"]),
+    (LAB08, "kernel: grad_loc sign of x", BACKWARD,
+     [("sign_x = 1.0 if corner % 2 == 1 else -1.0", "sign_x = -1.0 if corner % 2 == 1 else 1.0")],
+     "lab08_check_backward_loc", ["x column has the wrong sign"]),
+    (LAB08, "kernel: grad_loc with d_x and d_y swapped", BACKWARD,
+     [("grad_x_im += sign_x * wy * gv", "grad_x_im += sign_x * wx * gv"),
+      ("grad_y_im += sign_y * wx * gv", "grad_y_im += sign_y * wy * gv")],
+     "lab08_check_backward_loc", ["d_x and d_y are swapped"]),
+    (LAB08, "kernel: grad_loc without the attention weight", BACKWARD,
+     [("(a * W * grad_x_im)", "(W * grad_x_im)"), ("(a * H * grad_y_im)", "(H * grad_y_im)")],
+     "lab08_check_backward_loc", ["attention weight is missing"]),
+    (LAB08, "kernel: grad_loc with x and y swapped", BACKWARD,
+     [("tl.store(grad_loc_ptr + 2 * p, (a * W", "tl.store(grad_loc_ptr + 2 * p + 1, (a * W"),
+      ("tl.store(grad_loc_ptr + 2 * p + 1, (a * H", "tl.store(grad_loc_ptr + 2 * p, (a * H")],
+     "lab08_check_backward_loc", ["x and y are swapped"]),
+    (LAB08, "kernel: grad_value by load + store", BACKWARD,
+     [("tl.atomic_add(grad_value_ptr + offs, contrib, mask=msk)",
+       "tl.store(grad_value_ptr + offs,\n"
+       "                         tl.load(grad_value_ptr + offs, mask=msk, other=0.0) + contrib,\n"
+       "                         mask=msk)")],
+     "lab08_check_backward_value", ["updates are lost", "tl.atomic_add"]),
+    (LAB08, "kernel: corners off the map receive gradient", BACKWARD,
+     [("tl.atomic_add(grad_value_ptr + offs, contrib, mask=msk)",
+       f"tl.atomic_add(grad_value_ptr + offs, contrib, mask={ALL_LANES})")],
+     "lab08_check_backward_value", ["grad_value_ptr", "corners off the map receive gradient"]),
+    (LAB08, "kernel: grad_value without the attention weight", BACKWARD,
+     [("contrib = ((a * wy * wx)[:, None] * g)", "contrib = ((wy * wx)[:, None] * g)")],
+     "lab08_check_backward_value", ["attention weight is missing"]),
+    (LAB08, "kernel: computes in the input dtype", BACKWARD,
+     [(f"mask={ALL_LANES}, other=0.0).to(ACC_DTYPE)", f"mask={ALL_LANES}, other=0.0)"),
+      ("v = tl.load(value_ptr + offs, mask=msk, other=0.0).to(ACC_DTYPE)",
+       "v = tl.load(value_ptr + offs, mask=msk, other=0.0)")],
+     "lab08_check_backward_half", ["right in float32 and wrong in", "ACC_DTYPE"]),
+]
+
+# lab 07 submissions that let autograd do the work: (name, solution cell, new body, check)
+BODIES = {
+    ATTN: '''    batch, _, heads, channels = value.shape
+    c = sample_corners(value, spatial_shapes, level_start_index, sampling_locations)
+    g = grad_output.reshape(batch, -1, heads, channels)[:, :, :, None, None, :]
+    samples = (c["weights"][..., None] * c["values"]).sum(dim=-2)
+    return (samples * g).sum(dim=-1)''',
+    LOC: '''    batch, _, heads, channels = value.shape
+    c = sample_corners(value, spatial_shapes, level_start_index, sampling_locations)''',
+    VALUE: '''    batch, total, heads, channels = value.shape
+    c = sample_corners(value, spatial_shapes, level_start_index, sampling_locations)''',
+}
+AUTOGRAD = [
+    ("torch.autograd.grad through forward_from_corners", ATTN, '''
+    attn = attention_weights.detach().requires_grad_()
+    out = forward_from_corners(value, spatial_shapes, level_start_index, sampling_locations,
+                               attn)
+    return torch.autograd.grad(out, attn, grad_output)[0]''',
+     "check_grad_attention_weights", "lab07_check_grad_attn"),
+    ("names hidden from a reader, grad mode switched on", ATTN, '''
+    engine = getattr(torch, "auto" + "grad")
+    getattr(torch._C, "_set_" + "grad_enabled")(True)
+    attn = attention_weights.detach()
+    setattr(attn, "requires" + "_grad", True)
+    out = forward_from_corners(value, spatial_shapes, level_start_index, sampling_locations,
+                               attn)
+    return getattr(engine, "gr" + "ad")(out, attn, grad_output)[0]''',
+     "check_grad_attention_weights", "lab07_check_grad_attn"),
+    (".backward() under torch.enable_grad", LOC, '''
+    loc = sampling_locations.detach().clone()
+    loc.requires_grad = True
+    with torch.enable_grad():
+        out = forward_from_corners(value, spatial_shapes, level_start_index, loc,
+                                   attention_weights)
+        (out * grad_output).sum().backward()
+    return loc.grad''',
+     "check_grad_sampling_locations", "lab07_check_grad_loc"),
+    ("torch.func.vjp", VALUE, '''
+    def forward(v):
+        return forward_from_corners(v, spatial_shapes, level_start_index, sampling_locations,
+                                    attention_weights)
+    return torch.func.vjp(forward, value)[1](grad_output)[0]''',
+     "check_grad_value", "lab07_check_grad_value"),
+    ("a helper of the notebook calls autograd", VALUE, '''
+    return _helper(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                   attention_weights)
+
+
+def _helper(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+            attention_weights):
+    leaf = value.detach().requires_grad_()
+    out = forward_from_corners(leaf, spatial_shapes, level_start_index, sampling_locations,
+                               attention_weights)
+    return torch.autograd.grad(out, leaf, grad_output)[0]''',
+     "check_grad_value", "lab07_check_grad_value"),
+]
+HAND_WRITTEN = "the gradients are written by hand"
+FUNCTIONS = {ATTN: "grad_attention_weights", LOC: "grad_sampling_locations", VALUE: "grad_value"}
+
+
+# ------------------------------------------------------------------ running the notebook
+def _cells(lab):
+    return {nbgrader_meta(c)["grade_id"]: c for c in
+            nbformat.read(source_notebook(lab), as_version=4).cells}
+
+
+def _exec(source, namespace, name):
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    exec(compile(source, name, "exec"), namespace)          # noqa: S102
+
+
+_BASES = {}
+
+
+def _base(lab):
+    """The namespace after the setup, given and solution cells of ``lab`` (once per lab)."""
+    if lab not in _BASES:
+        module = types.ModuleType(f"{lab}_mistakes")
+        for grade_id, cell in _cells(lab).items():
+            meta = nbgrader_meta(cell)
+            if cell.cell_type != "code" or meta.get("grade") or BEGIN_HIDDEN in cell.source \
+                    or grade_id.split("_", 1)[1].startswith(SKIP):
+                continue
+            _exec(cell.source, module.__dict__, f"<{lab} {grade_id}>")
+        _BASES[lab] = module
+    return _BASES[lab]
+
+
+def _with_solution(lab, grade_id, source):
+    """A namespace where the cell ``grade_id`` ran with ``source`` (a module of its own, so
+    that its functions' globals are not the shared base's)."""
+    module = types.ModuleType(f"{lab}_{grade_id}_variant")
+    module.__dict__.update({k: v for k, v in vars(_base(lab)).items() if k != "__name__"})
+    _exec(source, module.__dict__, f"<{lab} {grade_id} with a mistake>")
+    return module.__dict__
+
+
+def _failure(namespace, lab, check_cell):
+    """The AssertionError the visible check cell raises (None when it passes)."""
+    try:
+        _exec(_cells(lab)[check_cell].source, namespace, f"<{lab} {check_cell}>")
+    except AssertionError as failure:
+        return str(failure)
+    return None
+
+
+def _inject(source, edits):
+    for old, new in edits:
+        assert source.count(old) == 1, f"expected exactly one {old!r} in the solution cell"
+        source = source.replace(old, new)
+    return source
+
+
+# ------------------------------------------------------------------ the tests
+@pytest.mark.parametrize("lab, mistake, cell, edits, check_cell, words", MISTAKES,
+                         ids=[f"{row[0][:5]}: {row[1]}" for row in MISTAKES])
+def test_visible_check_names_the_mistake(lab, mistake, cell, edits, check_cell, words):
+    source = _inject(_cells(lab)[cell].source, edits)
+    message = _failure(_with_solution(lab, cell, source), lab, check_cell)
+    assert message is not None, f"{mistake}: the visible check passed"
+    assert "Hint:" in message or "uses autograd" in message, message
+    for word in words:
+        assert word in message, f"{mistake}: {word!r} not in the message:\n{message}"
+
+
+@pytest.mark.parametrize("lab", [LAB07, LAB08])
+def test_solution_passes_the_visible_checks(lab):
+    """The control: the untouched solution passes every visible check of the table."""
+    namespace = vars(_base(lab))
+    for check_cell in sorted({row[4] for row in MISTAKES if row[0] == lab}):
+        assert _failure(namespace, lab, check_cell) is None, check_cell
+
+
+@pytest.mark.parametrize("mistake, cell, body, check, check_cell", AUTOGRAD,
+                         ids=[row[0] for row in AUTOGRAD])
+def test_autograd_submission_fails_visible_and_hidden_checks(mistake, cell, body, check,
+                                                             check_cell):
+    from autograde import recording
+    from autograde.checks import lab07
+
+    source = _inject(_cells(LAB07)[cell].source, [(BODIES[cell], body.strip("\n"))])
+    namespace = _with_solution(LAB07, cell, source)
+    message = _failure(namespace, LAB07, check_cell)
+    assert message is not None and HAND_WRITTEN in message, message
+    # the hidden check as the grading kernel runs it: recording, the grader's seed
+    function = namespace[FUNCTIONS[cell]]
+    recording._mode, recording._base_seed, recording._counter = "record", "mistakes", 0
+    recording._events = []
+    try:
+        with pytest.raises(lab07.AutogradUsed, match=HAND_WRITTEN):
+            getattr(lab07, check)(function)
+    finally:
+        recording._mode, recording._events = None, []
+
+
+# pieces of the three derivations' answers (in the notebook's LaTeX): none may appear in a cell
+# the release shows, rubric and wrap-up included
+ANSWERS = [r"v_{01} - v_{00}", r"v_{11} - v_{10}", r"v_{10} - v_{00}", r"\langle g,",
+           r"a_{lk} w_c", r"a\, W", r"a\,W", r"a_{lk}\, w_c", r"= s_{lk"]
+
+
+def test_lab07_release_gives_no_derivation_away():
+    from nbgrader_helpers import BEGIN_SOLUTION
+
+    shown = [c for c in nbformat.read(source_notebook(LAB07), as_version=4).cells
+             if BEGIN_SOLUTION not in c.source]
+    for cell in shown:
+        for answer in ANSWERS:
+            assert answer not in cell.source, (nbgrader_meta(cell)["grade_id"], answer)
+    solutions = "".join(c.source for c in nbformat.read(source_notebook(LAB07), as_version=4).cells
+                        if BEGIN_SOLUTION in c.source)
+    assert all(answer in solutions for answer in ANSWERS[:4])     # the answers themselves do
