@@ -46,9 +46,9 @@ BWD_NUM_WARPS = 4
 # The operator's plan per regime and element size (see forward.FORWARD_PLAN): (kernel,
 # BLOCK_Q, num_warps), fixed from the same sweep.
 BACKWARD_PLAN = {
-    ("small", 2): ("tiled", 1, 2), ("small", 4): ("loop", 8, 2), ("small", 8): ("loop", 8, 2),
-    ("medium", 2): ("tiled", 1, 2), ("medium", 4): ("loop", 8, 2), ("medium", 8): ("loop", 8, 2),
-    ("large", 2): ("tiled", 1, 1), ("large", 4): ("tiled", 1, 2), ("large", 8): ("tiled", 1, 2),
+    ("small", 2): ("rows", 4, 4), ("small", 4): ("rows", 2, 1), ("small", 8): ("tiled", 1, 2),
+    ("medium", 2): ("rows", 4, 4), ("medium", 4): ("rows", 2, 1), ("medium", 8): ("rows", 4, 4),
+    ("large", 2): ("tiled", 1, 1), ("large", 4): ("tiled", 1, 2), ("large", 8): ("rows", 2, 2),
 }
 
 

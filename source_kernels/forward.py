@@ -118,9 +118,9 @@ def forward_config(channels: int, dtype: torch.dtype) -> tuple[int, int]:
 # (batch, query, head) axis.  Small problems are bound by memory latency, large ones by the
 # rate of gathers.
 FORWARD_PLAN = {
-    ("small", 2): ("tiled", 1, 1), ("small", 4): ("tiled", 1, 1), ("small", 8): ("tiled", 1, 1),
-    ("medium", 2): ("tiled", 1, 1), ("medium", 4): ("tiled", 1, 1), ("medium", 8): ("tiled", 1, 1),
-    ("large", 2): ("loop", 16, 2), ("large", 4): ("loop", 16, 4), ("large", 8): ("loop", 16, 4),
+    ("small", 2): ("tiled", 1, 1), ("small", 4): ("rows", 2, 1), ("small", 8): ("loop", 16, 4),
+    ("medium", 2): ("tiled", 1, 1), ("medium", 4): ("rows", 2, 1), ("medium", 8): ("loop", 16, 4),
+    ("large", 2): ("rows-sample-hm", 32, 4), ("large", 4): ("rows-sample-hm", 16, 2), ("large", 8): ("loop", 8, 4),
 }
 SMALL_ROWS = 2 ** 14          # B*Q*M up to which a call counts as "small" (the decoder's 9,600)
 LARGE_ROWS = 2 ** 17          # B*Q*M above which a call counts as "large"

@@ -8,6 +8,9 @@ import source_kernels  # noqa: F401  (the interpreter switch comes first)
 from source_kernels import launch as launch_module
 from source_kernels.inputs import make_inputs
 
+# where the kernels run: the GPU when there is one, else Triton's interpreter on the CPU
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 ARG_NAMES = ("value", "value_spatial_shapes", "value_level_start_index", "sampling_locations",
              "attention_weights")
 
@@ -108,10 +111,11 @@ def test_gpu_launch_counters_still_see_every_launch():
 # ------------------------------------------------------------------- what torch.compile sees
 
 def test_traced_ops_match_the_reference():
-    """source_kernels.traced, run eagerly (in the interpreter here): forward and the
-    registered backward against the fp64 reference."""
+    """source_kernels.traced, run eagerly (compiled on a GPU, in the interpreter on a CPU):
+    forward and the registered backward against the fp64 reference."""
     from source_kernels import reference, traced  # noqa: F401  (registers the ops)
-    args = make_inputs(2, 5, 2, 4, [[4, 5], [2, 3]], 2, outside=0.1, seed=3)
+    args = make_inputs(2, 5, 2, 4, [[4, 5], [2, 3]], 2, outside=0.1, seed=3,
+                       device=KERNEL_DEVICE)
     ordered = [args[k] for k in ARG_NAMES]
     leaves = [ordered[i].clone().requires_grad_() for i in (0, 3, 4)]
     out = torch.ops.source_kernels.msda_traced(leaves[0], ordered[1], ordered[2], leaves[1],
@@ -120,7 +124,7 @@ def test_traced_ops_match_the_reference():
     expected = reference.msda_grid_sample(ref_leaves[0], ordered[1], ordered[2], ref_leaves[1],
                                           ref_leaves[2])
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
     out.backward(grad)
     expected.backward(grad.double())
     for got, want in zip(leaves, ref_leaves):
@@ -301,20 +305,22 @@ def test_plan_from_sweep_takes_the_fastest_correct_candidate():
 
 
 def test_sweep_checks_each_candidate_before_timing_it(monkeypatch):
-    """The sweep's code path on toy inputs in the interpreter (timing stubbed): a candidate
-    that computes a wrong result is recorded as wrong and never timed, the others are timed,
-    and the plan comes from the correct ones only."""
+    """The sweep's code path on toy inputs (timing stubbed; in the interpreter on a CPU): a
+    candidate that computes a wrong result is recorded as wrong and never timed, the others
+    are timed, and the plan comes from the correct ones only."""
     from source_kernels import bench, forward
-    toy = make_inputs(1, 4, 2, 4, [[3, 4], [2, 2]], 2, outside=0.1, seed=5)
+    toy = make_inputs(1, 4, 2, 4, [[3, 4], [2, 2]], 2, outside=0.1, seed=5,
+                      device=KERNEL_DEVICE)
     monkeypatch.setattr(bench, "preset_inputs", lambda *a, **k: {
         key: value.to(k.get("dtype")) if value.is_floating_point() else value
         for key, value in toy.items()})
     monkeypatch.setattr(bench, "_profiled_device_us", lambda call, flush, reps: 7.0)
-    empty, randn = torch.empty, torch.randn         # the flush buffer and grad_out: on the CPU
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(
-        *a, **dict(k, device="cpu")) if k.get("device") == "cuda" else empty(*a, **k))
-    monkeypatch.setattr(torch, "randn", lambda *a, **k: randn(
-        *a, **dict(k, device="cpu")) if k.get("device") == "cuda" else randn(*a, **k))
+    if KERNEL_DEVICE == "cpu":                      # the flush buffer and grad_out: on the CPU
+        empty, randn = torch.empty, torch.randn
+        monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(
+            *a, **dict(k, device="cpu")) if k.get("device") == "cuda" else empty(*a, **k))
+        monkeypatch.setattr(torch, "randn", lambda *a, **k: randn(
+            *a, **dict(k, device="cpu")) if k.get("device") == "cuda" else randn(*a, **k))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     original = forward.msda_forward

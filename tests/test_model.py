@@ -441,8 +441,9 @@ def test_module_under_reduce_overhead_gpu(with_backward):
     compiled = torch.compile(module, mode="reduce-overhead", fullgraph=True)
 
     def run(fn):
-        leaves = [a.detach().clone().requires_grad_(with_backward and a.is_floating_point())
-                  for a in args]
+        leaves = [a if a is None else
+                  a.detach().clone().requires_grad_(with_backward and a.is_floating_point())
+                  for a in args]                # (the padding mask is None here)
         module.zero_grad(set_to_none=True)
         out = fn(*leaves)
         if with_backward:
