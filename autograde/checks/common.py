@@ -25,7 +25,8 @@ import torch
 from autograde import recording
 
 __all__ = ["requires_gpu", "ReferenceCalled", "forbid_references", "forbidden_objects", "check_close",
-           "fresh_generator", "count_kernel_launches", "kernel_device"]
+           "fresh_generator", "count_kernel_launches", "kernel_device", "judging", "expect",
+           "show", "Raised", "attempt"]
 
 ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing")
 
@@ -200,6 +201,46 @@ def kernel_device() -> str:
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return "cpu"
     return "cuda"
+
+
+def judging() -> bool:
+    """False inside the grading kernel, where a check only runs the student's functions
+    and records what they return; the grader's replay judges."""
+    return not recording.recording()
+
+
+def expect(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` when the check judges; None inside the grading kernel."""
+    return fn(*args, **kwargs) if judging() else None
+
+
+def show(message: str) -> None:
+    """Print what a visible check verified, in the student's notebook (not in the grading
+    kernel, and not in the grader while it replays)."""
+    if not (recording.recording() or recording.replaying()):
+        print(message)
+
+
+class Raised:
+    """What a student's call raised, kept so that a check can run every case before it
+    judges (the same calls in the grading kernel and in the grader's replay)."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def __str__(self):
+        return f"{type(self.exc).__name__}: {self.exc}"
+
+
+def attempt(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, or :class:`Raised` when it raises anything but an
+    AssertionError (a reference called, a check's own failure: those stop the check)."""
+    try:
+        return fn(*args, **kwargs)
+    except AssertionError:
+        raise
+    except Exception as exc:                      # noqa: BLE001  (judged later, by the check)
+        return Raised(exc)
 
 
 def fresh_generator(seed=None) -> torch.Generator:
