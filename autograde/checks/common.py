@@ -26,7 +26,7 @@ from autograde import recording
 
 __all__ = ["requires_gpu", "ReferenceCalled", "forbid_references", "forbidden_objects", "check_close",
            "fresh_generator", "count_kernel_launches", "kernel_device", "judging", "expect",
-           "show", "Raised", "attempt"]
+           "show", "Raised", "attempt", "attempt_expecting"]
 
 ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing")
 
@@ -234,12 +234,26 @@ class Raised:
 
 def attempt(fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, or :class:`Raised` when it raises anything but an
-    AssertionError (a reference called, a check's own failure: those stop the check)."""
+    AssertionError (a reference called, a check's own failure: those stop the check).
+
+    In the grading kernel the exception goes on up: the cell fails there, and the grader
+    replays only cells that passed in the kernel, so record and replay never disagree on which
+    calls were made."""
+    return attempt_expecting((), fn, *args, **kwargs)
+
+
+def attempt_expecting(errors, fn, *args, **kwargs):
+    """:func:`attempt` for a call that should raise one of ``errors`` on some inputs (a
+    validation, a tuner with nothing to choose): in the grading kernel too, such an exception
+    is kept for the grader to judge."""
     try:
         return fn(*args, **kwargs)
     except AssertionError:
         raise
     except Exception as exc:                      # noqa: BLE001  (judged later, by the check)
+        if recording.recording() and (not isinstance(exc, errors)
+                                      or isinstance(exc, NotImplementedError)):
+            raise                                 # (an unwritten stage fails in the kernel)
         return Raised(exc)
 
 
