@@ -6,7 +6,7 @@ For every lab, in a throw-away course directory: ``nbgrader generate_assignment`
 - ``solution``: the source notebook itself, which must pass every cell and score every
   automatically graded point;
 - ``untouched``: the release as handed out, which must fail every graded cell;
-- ``wrong`` (labs 05, 07, 08 and 10): the source notebook with one plausible mistake, which must
+- ``wrong`` (labs 05 to 10): the source notebook with one plausible mistake, which must
   lose exactly the points of the cells that test that mistake.
 
 The labs run two at a time (each pipeline is a chain of nbgrader subprocesses), and the time
@@ -71,6 +71,19 @@ def _non_atomic(source):
                          "mask=msk, other=0.0) + contrib, mask=msk)")
 
 
+def _keeps_wrong_configurations(source):
+    """Lab 06: the tuner times every configuration that runs, right or wrong."""
+    return _replace_once(source, "\n                or not torch.allclose(out, expected, atol=atol, "
+                                 "rtol=rtol)", "")
+
+
+def _adds_before_cas(source):
+    """Lab 09: atomic_strategy reads the adds before it looks for a CAS."""
+    cas = '    if any("cas" in p for p in parts):\n        return "cas-loop"\n'
+    source = _replace_once(source, cas, "")
+    return _replace_once(source, '    return "none"', cas + '    return "none"')
+
+
 def _no_validation(source):
     """Lab 10: validate returns at once: nothing is checked."""
     return _replace_once(source, f"{BEGIN_SOLUTION}\n", f"{BEGIN_SOLUTION}\n    return None\n")
@@ -83,6 +96,8 @@ WRONG = {
         "lab05_hidden_outside", "lab05_check_levels", "lab05_hidden_levels",
         "lab05_check_channels", "lab05_hidden_channels", "lab05_check_half",
         "lab05_hidden_half"}),
+    "lab06_make_it_fast": ("lab06_tune", _keeps_wrong_configurations, {
+        "lab06_check_tune", "lab06_hidden_tune"}),
     "lab07_the_other_direction": ("lab07_grad_loc", _missing_w, {
         "lab07_check_grad_loc", "lab07_hidden_grad_loc"}),
     # (the grad_value and half-precision checks fail; the visible checks of grad_attn and
@@ -92,6 +107,8 @@ WRONG = {
         "lab08_check_backward_value", "lab08_hidden_backward_value",
         "lab08_check_backward_half", "lab08_hidden_backward_half",
         "lab08_check_backward_attn", "lab08_check_backward_loc"}),
+    "lab09_hardware_detective": ("lab09_atomic_strategy", _adds_before_cas, {
+        "lab09_check_atomic_strategy", "lab09_hidden_atomic_strategy"}),
     # (the operator's visible check calls msda_operator, whose hidden check of the validation
     # fails: the grading pipeline does not count a visible check of a function that failed a
     # hidden one, autograde/verify.py)
@@ -101,8 +118,9 @@ WRONG = {
 }
 # the exact totals (automatically graded points) of the wrong submissions, out of the lab's
 # automatically graded maximum
-WRONG_TOTALS = {"lab05_forward_correct": (2.0, 17.0), "lab07_the_other_direction": (6.0, 9.0),
-                "lab08_concurrent_writes": (12.0, 19.0), "lab10_ship_it": (6.0, 12.0)}
+WRONG_TOTALS = {"lab05_forward_correct": (2.0, 17.0), "lab06_make_it_fast": (3.0, 7.0),
+                "lab07_the_other_direction": (6.0, 9.0), "lab08_concurrent_writes": (12.0, 19.0),
+                "lab09_hardware_detective": (6.0, 9.0), "lab10_ship_it": (6.0, 12.0)}
 # solution cells that must come out of the release whatever else changes (beyond the general
 # leak check): the kernels, the derivations and the data-race demo
 MUST_STRIP = {
@@ -366,7 +384,7 @@ def test_lab06_and_lab08_chips_compute_what_they_claim():
 
 # ------------------------------------------------------------------ replay of the checks
 _SKIP_CELLS = ("fig_", "paper_gpu", "race", "sweep", "tune_here", "gpu_", "interpreter_cost",
-               "gradcheck", "cas_loop", "preset_costs", "suite", "compile_sm")
+               "gradcheck", "cas_loop", "preset_costs", "suite", "compile_sm", "compiled_")
 
 
 def _solution_namespace(lab):

@@ -25,7 +25,8 @@ import torch
 from autograde import recording
 
 __all__ = ["requires_gpu", "ReferenceCalled", "forbid_references", "forbidden_objects", "check_close",
-           "fresh_generator", "count_kernel_launches", "kernel_device", "judging", "expect"]
+           "fresh_generator", "count_kernel_launches", "kernel_device", "judging", "expect",
+           "show", "Raised", "attempt", "attempt_expecting"]
 
 ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing")
 
@@ -211,6 +212,49 @@ def kernel_device() -> str:
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return "cpu"
     return "cuda"
+
+
+def show(message: str) -> None:
+    """Print what a visible check verified, in the student's notebook (not in the grading
+    kernel, and not in the grader while it replays)."""
+    if not (recording.recording() or recording.replaying()):
+        print(message)
+
+
+class Raised:
+    """What a student's call raised, kept so that a check can run every case before it
+    judges (the same calls in the grading kernel and in the grader's replay)."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def __str__(self):
+        return f"{type(self.exc).__name__}: {self.exc}"
+
+
+def attempt(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, or :class:`Raised` when it raises anything but an
+    AssertionError (a reference called, a check's own failure: those stop the check).
+
+    In the grading kernel the exception goes on up: the cell fails there, and the grader
+    replays only cells that passed in the kernel, so record and replay never disagree on which
+    calls were made."""
+    return attempt_expecting((), fn, *args, **kwargs)
+
+
+def attempt_expecting(errors, fn, *args, **kwargs):
+    """:func:`attempt` for a call that should raise one of ``errors`` on some inputs (a
+    validation, a tuner with nothing to choose): in the grading kernel too, such an exception
+    is kept for the grader to judge."""
+    try:
+        return fn(*args, **kwargs)
+    except AssertionError:
+        raise
+    except Exception as exc:                      # noqa: BLE001  (judged later, by the check)
+        if recording.recording() and (not isinstance(exc, errors)
+                                      or isinstance(exc, NotImplementedError)):
+            raise                                 # (an unwritten stage fails in the kernel)
+        return Raised(exc)
 
 
 def fresh_generator(seed=None) -> torch.Generator:

@@ -1,14 +1,133 @@
-"""Hidden checks of lab 09 (hardware detective).  No compilation here: the PTX is made up from
-lines of the kinds Triton emits (atomics with and without predicates, vector forms, a CAS
-loop, loads, labels, comments that mention atomics), so the expected answer is known by
-construction."""
+"""Checks of lab 09 (hardware detective).  No compilation here: the listings are excerpts of the
+backward kernel's PTX as Triton emits it for sm_80 and sm_90 (kept below), near-misses built to
+separate the right reading of a listing from the almost-right ones, and random listings made of
+the kinds of lines Triton emits.  The expected answer of each is known by construction.
+
+Each check serves the visible cell (a shown ``seed=``) and the hidden one (the grader's seed).
+"""
 from __future__ import annotations
 
 import torch
 
-from .common import forbid_references, fresh_generator
+from .common import Raised, attempt, forbid_references, fresh_generator, judging, show
 
-# What an atomic line can look like (the mnemonic is the first token after the predicate).
+# ------------------------------------------------------------------ listings
+# The first bf16 atomic add of the backward for sm_80 (Triton 3.x): a loop around atom.cas.
+SM80_CAS_LOOP = """\
+\tadd.s64 \t%rd11, %rd77, 2;
+\tand.b64 \t%rd12, %rd77, -4;
+\tshl.b32 \t%r26, %r129, 3;
+\tmov.b32 \t%r130, 65535;
+\tld.global.b32 \t%r371, [%rd12];
+$L__BB0_2:                              // %atomicrmw.start48
+                                        // =>This Inner Loop Header: Depth=1
+\tshr.u32 \t%r132, %r371, %r26;
+\tcvt.u16.u32 \t%rs29, %r132;
+\tmov.b16 \t%rs30, 0x3F80;
+\tfma.rn.bf16 \t%rs31, %rs29, %rs30, %rs4;
+\tcvt.u32.u16 \t%r133, %rs31;
+\tshl.b32 \t%r134, %r133, %r26;
+\tand.b32 \t%r135, %r371, %r27;
+\tor.b32 \t%r136, %r135, %r134;
+\tatom.relaxed.gpu.global.cas.b32 \t%r28, [%rd12], %r371, %r136;
+\tsetp.ne.b32 \t%p19, %r28, %r371;
+\tmov.b32 \t%r371, %r28;
+\t@%p19 bra \t$L__BB0_2;
+// %bb.3:                               // %atomicrmw.end47
+\tand.b64 \t%rd13, %rd11, -4;
+"""
+# The same add for sm_90: one predicated vector instruction (four bf16 channels at once).
+SM90_VECTOR_ADD = """\
+\t.loc\t1 140 18                        // backward.py:140:18 @[ backward.py:108:39 ]
+\tmov.b32 \t%r26, 0;
+\t@%p3 atom.global.gpu.relaxed.add.noftz.v4.bf16 { %rs5, %rs6, %rs7, %rs8 }, [ %rd12 + 0 ], \
+{ %rs9, %rs10, %rs11, %rs12 };
+\tadd.s64 \t%rd13, %rd77, 64;
+\t@%p4 atom.global.gpu.relaxed.add.noftz.v4.bf16 { %rs13, %rs14, %rs15, %rs16 }, \
+[ %rd14 + 0 ], { %rs17, %rs18, %rs19, %rs20 };
+"""
+# The sm_80 build with grad_value in an fp32 buffer: native fp32 adds.
+SM80_FP32_ADDS = """\
+\tcvt.f32.bf16 \t%r7, %rs9;
+\t@%p3 atom.global.gpu.relaxed.add.f32 %r6, [ %rd12 + 0 ], %r7;
+\t@%p3 atom.global.gpu.relaxed.add.f32 %r8, [ %rd13 + 0 ], %r9;
+\tadd.f32 \t%r10, %r8, %r11;
+\t@%p3 atom.global.gpu.relaxed.add.f32 %r12, [ %rd15 + 0 ], %r13;
+"""
+
+
+def _lines(*lines):
+    return "\n".join("\t" + line for line in lines) + "\n"
+
+
+# (what, listing, its atomic instructions)
+INSTRUCTION_LISTINGS = [
+    ("the sm_80 CAS loop (its labels' comments say %atomicrmw)", SM80_CAS_LOOP,
+     ["atom.relaxed.gpu.global.cas.b32"]),
+    ("the sm_90 vector adds, each behind a predicate such as @%p3", SM90_VECTOR_ADD,
+     ["atom.global.gpu.relaxed.add.noftz.v4.bf16"] * 2),
+    ("a comment that mentions an atomic, a label, a predicated vector add, a CAS and a red",
+     "\t// atom.global.add.f32 in a comment is not an instruction\n$L__BB0_2:\n"
+     + _lines("ld.global.b32 \t%r5, [%rd12];",
+              "@%p3 atom.global.gpu.relaxed.add.noftz.v4.bf16 \t{%rs1, %rs2}, [%rd4], {%rs3, %rs4};",
+              "atom.relaxed.gpu.global.cas.b32 \t%r7, [%rd12], %r5, %r6;",
+              "red.global.add.f32 \t[%rd9], %f1;"),
+     ["atom.global.gpu.relaxed.add.noftz.v4.bf16", "atom.relaxed.gpu.global.cas.b32",
+      "red.global.add.f32"]),
+    ("the same fp32 add three times, then a reduction", SM80_FP32_ADDS
+     + _lines("red.global.gpu.relaxed.add.f32 \t[%rd20], %r30;"),
+     ["atom.global.gpu.relaxed.add.f32"] * 3 + ["red.global.gpu.relaxed.add.f32"]),
+]
+
+# (what, listing, expected strategy, {a wrong answer: what it says about the reading})
+STRATEGY_LISTINGS = [
+    ("the sm_80 bf16 backward: a loop around atom.cas", SM80_CAS_LOOP, "cas-loop",
+     {"none": "a compare-and-swap (cas among the instruction's parts) is the loop's atomic: "
+              "it decides \"cas-loop\""}),
+    ("the sm_90 bf16 backward: native vector adds (.v4.bf16)", SM90_VECTOR_ADD, "bf16-native",
+     {"fp16-native": "'f16' is a substring of 'bf16': compare the dot-separated parts "
+                     "(op.split('.')), not substrings",
+      "none": "a vector form (.v4.bf16) is still an add on bf16"}),
+    ("the sm_80 backward with the fp32 buffer", SM80_FP32_ADDS, "fp32", {}),
+    ("a CAS on its own, with no loop, label or arithmetic around it",
+     _lines("atom.global.cas.b32 \t%r1, [%rd1], %r2, %r3;"), "cas-loop",
+     {"none": "a CAS anywhere decides \"cas-loop\": the loop around it (a label, a branch "
+              "back, an add before it) is not part of the test"}),
+    ("a native bf16 atomic add and a CAS in one listing",
+     _lines("@%p1 atom.global.gpu.relaxed.add.noftz.bf16 \t%rs1, [%rd1], %rs2;",
+            "atom.relaxed.gpu.global.cas.b32 \t%r7, [%rd12], %r5, %r6;"), "cas-loop",
+     {"bf16-native": "a CAS decides \"cas-loop\" even beside native adds: test for cas "
+                     "before you look at the adds"}),
+    ("bf16 arithmetic that is not atomic (add.rn.bf16, fma.rn.bf16) beside fp32 atomic adds",
+     _lines("add.rn.bf16 \t%rs3, %rs1, %rs2;", "fma.rn.bf16 \t%rs4, %rs1, %rs2, %rs3;",
+            "@%p2 atom.global.gpu.relaxed.add.f32 %r6, [ %rd12 + 0 ], %r7;"), "fp32",
+     {"bf16-native": "only atomic instructions count: add.rn.bf16 adds two registers; read "
+                     "the types of the atom/red adds (your atomic_instructions), not of every "
+                     "line"}),
+    ("adds that are not atomic (add.s64, add.f32), and no atomics",
+     _lines("add.s64 \t%rd13, %rd77, 64;", "add.f32 \t%r10, %r8, %r11;", "ret;"), "none",
+     {"fp32": "add.f32 without atom./red. adds two registers: only atomic adds count"}),
+    ("atomic adds of other types (.u32, .f64)",
+     _lines("atom.global.add.u32 \t%r1, [%rd1], 1;", "@%p1 red.global.add.f64 \t[%rd2], %fd1;"),
+     "none",
+     {"fp32": "only bf16, f16 and f32 adds name a strategy; an atomic add of another type "
+              "(u32, f64) leaves \"none\""}),
+    ("fp16 and fp32 atomic adds", _lines("red.global.add.noftz.f16x2 \t[%rd1], %r2;",
+                                         "atom.global.gpu.relaxed.add.f32 %r6, [%rd12], %r7;"),
+     "fp16-native", {"fp32": "check the types in the order bf16, f16, f32: the first found "
+                             "names the strategy"}),
+    ("a comment that mentions atom.global.cas, and fp32 atomic adds",
+     "\t// no atom.global.cas.b32 here: fp32 adds are native\n"
+     + _lines("atom.global.gpu.relaxed.add.f32 %r6, [%rd12], %r7;"), "fp32",
+     {"cas-loop": "comments (//) are not instructions: read the atomics your "
+                  "atomic_instructions returns, not the text"}),
+    ("other atomics (exch, max) and no add",
+     _lines("atom.global.exch.b32 \t%r1, [%rd1], %r2;", "atom.global.max.s32 \t%r3, [%rd2], %r4;"),
+     "none", {"fp32": "only adds (add among the parts) and CAS count",
+              "cas-loop": "exch and max are not a compare-and-swap"}),
+]
+
+# Random listings: what an atomic line can look like (the first token after the predicate).
 ATOMICS = {
     "cas-loop": ["atom.relaxed.gpu.global.cas.b32", "atom.global.cas.b32",
                  "atom.acq_rel.gpu.global.cas.b32"],
@@ -22,7 +141,7 @@ ATOMICS = {
              "atom.global.v4.f32.add"],
 }
 OTHER = ["ld.global.b32", "ld.global.v4.b32", "st.global.b16", "mov.b32", "fma.rn.f32",
-         "add.s64", "setp.ne.s32", "cvt.rn.bf16.f32", "shl.b32", "and.b64"]
+         "add.s64", "setp.ne.s32", "cvt.rn.bf16.f32", "shl.b32", "and.b64", "add.rn.bf16"]
 DISTRACTORS = [
     "\t// atom.global.add.f32 is not emitted here",
     "$L__BB0_2:                              // %atomicrmw.start48",
@@ -66,65 +185,187 @@ def _ptx(gen, atomics):
     return "\n".join(lines) + "\n"
 
 
-def check_atomic_instructions(atomic_instructions):
-    gen = fresh_generator()
-    seed = gen.initial_seed()
+# ------------------------------------------------------------------ atomic_instructions
+def _tokens(line):
+    return line.split()
+
+
+def _first(tokens):
+    return tokens[1:] if tokens and tokens[0].startswith("@") else tokens
+
+
+def _is_atomic(token):
+    return token.startswith(("atom.", "red."))
+
+
+# How the usual wrong readers read a listing: (hint, reader).
+INSTRUCTION_MISTAKES = [
+    ("an instruction may follow a predicate such as @%p3 (only lanes whose predicate is true "
+     "run it): skip a first token that starts with @",
+     lambda text: [t[0] for t in map(_tokens, text.splitlines()) if t and _is_atomic(t[0])]),
+    ("comments (from //) and labels are not instructions: only the first token of a line, "
+     "after an optional predicate, is its instruction",
+     lambda text: [tok for line in text.splitlines() for tok in _tokens(line)
+                   if _is_atomic(tok)]),
+    ("red.* instructions are atomics too: reductions that return nothing",
+     lambda text: [t[0] for t in map(_first, map(_tokens, text.splitlines()))
+                   if t and t[0].startswith("atom.")]),
+    ("return every atomic line's instruction, in order of appearance, duplicates included",
+     lambda text: sorted(set(t[0] for t in map(_first, map(_tokens, text.splitlines()))
+                             if t and _is_atomic(t[0])))),
+    ("return the instruction only (the text up to the first whitespace), not the whole line",
+     lambda text: [line.strip() for line in text.splitlines()
+                   if _first(_tokens(line)) and _is_atomic(_first(_tokens(line))[0])]),
+]
+
+
+def _instruction_cases(gen):
+    cases = [(what, text, expected) for what, text, expected in INSTRUCTION_LISTINGS]
     pool = [m for group in ATOMICS.values() for m in group]
     for count in (0, 1, 5, 12):
         atomics = [_choice(gen, pool) for _ in range(count)]
-        ptx = _ptx(gen, atomics)
-        with forbid_references(atomic_instructions):
-            got = atomic_instructions(ptx)
-        if list(got) != atomics:
-            raise AssertionError(
-                f"atomic_instructions on a PTX text with {count} atomic instructions: expected "
-                f"{atomics}, got {list(got)} (hidden check, seed {seed}). An instruction is the "
-                "first token of a line, after an optional predicate such as '@%p3'; lines that "
-                "start with '//' are comments, and labels end with ':'.")
+        cases.append((f"a made-up listing with {count} atomic instructions", _ptx(gen, atomics),
+                      atomics))
+    return cases
 
 
-def check_atomic_strategy(atomic_strategy):
-    gen = fresh_generator()
+def check_atomic_instructions(atomic_instructions, seed=None):
+    gen = fresh_generator(seed)
     seed = gen.initial_seed()
-    cases = [("none", [])]
+    cases = _instruction_cases(gen)
+    with forbid_references(atomic_instructions):
+        results = [attempt(atomic_instructions, text) for _, text, _ in cases]
+    if not judging():
+        return
+    for (what, text, expected), got in zip(cases, results):
+        where = f"atomic_instructions on {what} (seed {seed})"
+        if isinstance(got, Raised):
+            raise AssertionError(f"{where}: raised {got}")
+        if not isinstance(got, (list, tuple)) or list(got) != expected:
+            hint = next((h for h, reader in INSTRUCTION_MISTAKES
+                         if all(reader(t) == list(r) if isinstance(r, (list, tuple)) else False
+                                for (_, t, _), r in zip(cases, results))), None) or \
+                next((h for h, reader in INSTRUCTION_MISTAKES
+                      if isinstance(got, (list, tuple)) and reader(text) == list(got)), None) or \
+                ("an atomic line's first token (after an optional @%p predicate) starts with "
+                 "atom. or red.")
+            raise AssertionError(f"{where}: expected {expected}, got {got!r}\nListing:\n"
+                                 f"{_excerpt(text)}\nHint: {hint}")
+    show(f"atomic_instructions: {len(INSTRUCTION_LISTINGS)} excerpts of real listings and "
+         f"{len(cases) - len(INSTRUCTION_LISTINGS)} made-up ones (seed {seed}) read right")
+
+
+def _excerpt(text, limit=24):
+    lines = text.rstrip("\n").splitlines()
+    shown = lines[:limit] + ([f"... ({len(lines) - limit} more lines)"] if len(lines) > limit
+                             else [])
+    return "\n".join("    " + line.replace("\t", " ") for line in shown)
+
+
+# ------------------------------------------------------------------ atomic_strategy
+def _strategy_cases(gen):
+    cases = [(what, text, expected, wrong) for what, text, expected, wrong in STRATEGY_LISTINGS]
+    cases.append(("a made-up listing with no atomics", _ptx(gen, []), "none", {}))
     for strategy, group in ATOMICS.items():
-        cases.append((strategy, [_choice(gen, group) for _ in range(3)]))
-    # a CAS loop anywhere decides it, even beside plain adds
-    cases.append(("cas-loop", [_choice(gen, ATOMICS["fp32"]), _choice(gen, ATOMICS["cas-loop"])]))
-    for expected, atomics in cases:
-        ptx = _ptx(gen, atomics)
-        with forbid_references(atomic_strategy):
-            got = atomic_strategy(ptx)
-        if got != expected:
-            raise AssertionError(f"atomic_strategy of a PTX text whose atomics are {atomics}: "
-                                 f"expected {expected!r}, got {got!r} (hidden check, seed {seed})")
+        atomics = [_choice(gen, group) for _ in range(3)]
+        cases.append((f"a made-up listing whose atomics are {atomics}", _ptx(gen, atomics),
+                      strategy, {}))
+    return cases
+
+
+STRATEGY_RULE = ("\"cas-loop\" when any atomic is a CAS; else the first of bf16 (bf16, bf16x2), "
+                 "f16 (f16, f16x2), f32 among the types of the atomic adds; else \"none\"")
+
+
+def check_atomic_strategy(atomic_strategy, seed=None):
+    gen = fresh_generator(seed)
+    seed = gen.initial_seed()
+    cases = _strategy_cases(gen)
+    with forbid_references(atomic_strategy):
+        results = [attempt(atomic_strategy, text) for _, text, _, _ in cases]
+    if not judging():
+        return
+    for (what, text, expected, wrong), got in zip(cases, results):
+        if isinstance(got, Raised) or got != expected:
+            hint = wrong.get(got) if isinstance(got, str) else None
+            raise AssertionError(
+                f"atomic_strategy on {what} (seed {seed}): expected {expected!r}, got "
+                f"{got if isinstance(got, Raised) else repr(got)}\nListing:\n{_excerpt(text)}\n"
+                f"Hint: {hint or STRATEGY_RULE}")
+    show(f"atomic_strategy: {len(STRATEGY_LISTINGS)} real and near-miss listings and "
+         f"{len(cases) - len(STRATEGY_LISTINGS)} made-up ones (seed {seed}) named right")
+
+
+# ------------------------------------------------------------------ the fp32 switch
+CAPABILITIES = [None, (7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _accum_hint(dtype, capability, got):
+    if dtype != torch.bfloat16:
+        return ("only bf16 needs the buffer: fp16 atomic adds are native everywhere, fp32 and "
+                "fp64 need no buffer")
+    if capability is None:
+        return ("capability None means Triton's CPU interpreter, which has no bf16 atomics: "
+                "True for bf16")
+    if capability[0] >= 9:
+        return "sm_90 and later add bf16 natively: True only when the major version is below 9"
+    return "no GPU before sm_90 has a native bf16 atomic add: True for every major version below 9"
 
 
 def check_fp32_accum_default(fp32_accum_default):
-    capabilities = [None, (7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
-    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        for capability in capabilities:
-            expected = dtype == torch.bfloat16 and (capability is None or capability[0] < 9)
-            with forbid_references(fp32_accum_default):
-                got = fp32_accum_default(dtype, capability)
-            if got is not expected and got != expected:
-                where = "the CPU interpreter" if capability is None else f"sm_{capability[0]}{capability[1]}"
-                raise AssertionError(f"fp32_accum_default({dtype}, {capability}) on {where}: "
-                                     f"expected {expected}, got {got!r} (hidden check)")
+    cases = [(dtype, capability) for dtype in DTYPES for capability in CAPABILITIES]
+    with forbid_references(fp32_accum_default):
+        results = [attempt(fp32_accum_default, dtype, capability) for dtype, capability in cases]
+    if not judging():
+        return
+    for (dtype, capability), got in zip(cases, results):
+        expected = dtype == torch.bfloat16 and (capability is None or capability[0] < 9)
+        if isinstance(got, Raised) or (got is not expected and got != expected):
+            where = "the CPU interpreter" if capability is None else \
+                f"sm_{capability[0]}{capability[1]}"
+            raise AssertionError(f"fp32_accum_default({dtype}, {capability}), {where}: "
+                                 f"expected {expected}, got {got}\n"
+                                 f"Hint: {_accum_hint(dtype, capability, got)}")
+    show(f"fp32_accum_default: {len(DTYPES)} dtypes x {len(CAPABILITIES)} GPUs (the "
+         "interpreter included) right")
 
 
-def check_fp32_buffer_cost(fp32_buffer_cost):
-    gen = fresh_generator()
+def _cost_hint(got, numel, itemsize, half):
+    if not half:
+        return "fp32 and fp64 need no buffer: both values are 0"
+    buffer, conversion = got.get("buffer_bytes"), got.get("conversion_bytes")
+    if buffer != 4 * numel:
+        return ("the buffer holds fp32: 4 bytes per element of value, whatever value's dtype"
+                if buffer == itemsize * numel else
+                "buffer_bytes = 4 x the number of elements of value (B * S * M * D)")
+    if conversion in (4 * numel, itemsize * numel, 8 * numel):
+        return (f"the conversion reads the fp32 buffer (4 bytes) and writes grad_value in "
+                f"value's dtype ({itemsize} bytes): {4 + itemsize} bytes per element")
+    return "conversion_bytes = (4 + the dtype's size) x the number of elements"
+
+
+def check_fp32_buffer_cost(fp32_buffer_cost, seed=None):
+    gen = fresh_generator(seed)
     seed = gen.initial_seed()
     sizes = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}
-    for dtype, itemsize in sizes.items():
-        shape = tuple(int(s) for s in torch.randint(1, 400, (4,), generator=gen))
+    cases = [((2, 10, 3, 4), torch.bfloat16)]
+    for dtype in sizes:
+        cases.append((tuple(int(s) for s in torch.randint(1, 400, (4,), generator=gen)), dtype))
+    with forbid_references(fp32_buffer_cost):
+        results = [attempt(fp32_buffer_cost, shape, dtype) for shape, dtype in cases]
+    if not judging():
+        return
+    for (shape, dtype), got in zip(cases, results):
         numel = shape[0] * shape[1] * shape[2] * shape[3]
+        itemsize = sizes[dtype]
         half = itemsize == 2
         expected = {"buffer_bytes": 4 * numel if half else 0,
                     "conversion_bytes": (4 + itemsize) * numel if half else 0}
-        with forbid_references(fp32_buffer_cost):
-            got = fp32_buffer_cost(shape, dtype)
-        if not isinstance(got, dict) or {k: got.get(k) for k in expected} != expected:
-            raise AssertionError(f"fp32_buffer_cost({shape}, {dtype}): expected {expected}, got "
-                                 f"{got!r} (hidden check, seed {seed})")
+        where = f"fp32_buffer_cost({shape}, {dtype}) (seed {seed})"
+        if isinstance(got, Raised) or not isinstance(got, dict):
+            raise AssertionError(f"{where}: expected a dict {expected}, got {got}")
+        if {k: got.get(k) for k in expected} != expected:
+            raise AssertionError(f"{where}: expected {expected}, got {got!r}\n"
+                                 f"Hint: {_cost_hint(got, numel, itemsize, half)}")
+    show(f"fp32_buffer_cost: {len(cases)} shapes and dtypes (seed {seed}) right")
