@@ -25,9 +25,20 @@ import torch
 from autograde import recording
 
 __all__ = ["requires_gpu", "ReferenceCalled", "forbid_references", "forbidden_objects", "check_close",
-           "fresh_generator", "count_kernel_launches", "kernel_device"]
+           "fresh_generator", "count_kernel_launches", "kernel_device", "judging", "expect"]
 
 ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing")
+
+
+def judging() -> bool:
+    """False inside the grading kernel, where a check only runs the student's functions
+    and records what they return; the grader's replay judges."""
+    return not recording.recording()
+
+
+def expect(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` when the check judges; None inside the grading kernel."""
+    return fn(*args, **kwargs) if judging() else None
 
 
 class ReferenceCalled(AssertionError):
