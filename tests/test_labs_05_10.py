@@ -51,9 +51,8 @@ def _replace_once(text, old, new):
 
 
 def _half_pixel(source):
-    """Lab 05: the pixel coordinate x * W instead of x * W - 0.5 (and y * H)."""
-    source = _replace_once(source, ".to(ACC_DTYPE) * W - 0.5", ".to(ACC_DTYPE) * W")
-    return _replace_once(source, ".to(ACC_DTYPE) * H - 0.5", ".to(ACC_DTYPE) * H")
+    """Lab 05: corner_coordinate takes the pixel coordinate x * W instead of x * W - 0.5."""
+    return _replace_once(source, "x_im = loc * size - 0.5", "x_im = loc * size")
 
 
 def _missing_w(source):
@@ -76,11 +75,11 @@ def _no_validation(source):
 
 # lab -> (solution cell to break, how, the graded cells that must drop to 0)
 WRONG = {
-    "lab05_forward_correct": ("lab05_kernel", _half_pixel, {
-        "lab05_check_inside", "lab05_hidden_inside", "lab05_check_outside",
-        "lab05_hidden_outside", "lab05_check_levels", "lab05_hidden_levels",
-        "lab05_check_channels", "lab05_hidden_channels", "lab05_check_half",
-        "lab05_hidden_half"}),
+    "lab05_forward_correct": ("lab05_corner", _half_pixel, {
+        "lab05_check_corner", "lab05_hidden_corner", "lab05_check_sample",
+        "lab05_hidden_sample", "lab05_check_inside", "lab05_hidden_inside",
+        "lab05_check_outside", "lab05_hidden_outside", "lab05_check_channels",
+        "lab05_hidden_channels", "lab05_check_half", "lab05_hidden_half"}),
     "lab07_the_other_direction": ("lab07_grad_loc", _missing_w, {
         "lab07_check_grad_loc", "lab07_hidden_grad_loc"}),
     "lab08_concurrent_writes": ("lab08_backward_kernel", _non_atomic, {
@@ -94,12 +93,13 @@ WRONG = {
 }
 # the exact totals (automatically graded points) of the wrong submissions, out of the lab's
 # automatically graded maximum
-WRONG_TOTALS = {"lab05_forward_correct": (2.0, 17.0), "lab07_the_other_direction": (6.0, 9.0),
+WRONG_TOTALS = {"lab05_forward_correct": (5.0, 23.0), "lab07_the_other_direction": (6.0, 9.0),
                 "lab08_concurrent_writes": (10.0, 13.0), "lab10_ship_it": (6.0, 12.0)}
 # solution cells that must come out of the release whatever else changes (beyond the general
 # leak check): the kernels, the derivations and the data-race demo
 MUST_STRIP = {
-    "lab05_forward_correct": ["lab05_kernel"],
+    "lab05_forward_correct": ["lab05_corner", "lab05_offsets", "lab05_sample_level",
+                              "lab05_kernel"],
     "lab07_the_other_direction": ["lab07_derivation_attn", "lab07_derivation_loc",
                                   "lab07_derivation_value"],
     "lab08_concurrent_writes": ["lab08_backward_kernel", "lab08_naive_kernel"],

@@ -45,7 +45,8 @@ TRUNCATION = ("you round the pixel coordinate towards zero (int(), .to(int) or .
               "of -1; take the floor first (math.floor, tl.floor)")
 ROW_STRIDE_H = ("the row of corner (r, c) inside the level is r * W + c (W columns per row), "
                 "not r * H + c")
-SHAPE_SWAPPED = ("H and W are swapped: spatial_shapes holds (H, W) per level, height first")
+SHAPE_SWAPPED = ("H and W are swapped: spatial_shapes holds (H, W) per level, height first, and a "
+                 "level's H*W rows are H rows of W pixels, (H, W, D) once reshaped")
 NO_ATTENTION = "the attention weights are missing: each sample is scaled by its weight"
 NO_CORNER_WEIGHTS = ("the corner weights are missing: each corner adds its weight "
                      "(1 - dy)(1 - dx), (1 - dy) dx, dy (1 - dx) or dy dx times its value")
@@ -53,10 +54,17 @@ NEAR_WEIGHTS = ("the corner weights are swapped: a corner's weight is the area o
                 "rectangle opposite it, so (y0, x0) gets (1 - dy)(1 - dx), not dy * dx")
 NO_START = ("every level is read from row 0 of S: add the level's first row, "
             "level_start_index[l], to the corner's row")
-COL_UPPER = ("a corner at column W (or row H) is read: the test must be c < W and r < H, not "
-             "c <= W; that read lands on the first pixel of the next row (or past the level)")
-LOWER_BOUND = ("a corner at column -1 (or row -1) is read: test c >= 0 and r >= 0 too; that "
-               "read lands on the last pixel of the previous row")
+COL_UPPER = ("a corner at column W is read: the test is c < W, not c <= W; that read lands on "
+             "the first pixel of the next row (or past the end of the tensor)")
+ROW_UPPER = ("a corner at row H is read: the test is r < H, not r <= H; that read lands on the "
+             "next level's first rows (or past the end of the tensor)")
+BOTH_UPPER = ("corners at column W and row H are read: the tests are c < W and r < H, not "
+              "c <= W and r <= H")
+COL_LOWER = ("a corner at column -1 is read: test c >= 0 too; that read lands on the last "
+             "pixel of the previous row")
+ROW_LOWER = ("a corner at row -1 is read: test r >= 0 too; that read lands on the previous "
+             "level's last row (or before the start of the tensor)")
+BOTH_LOWER = "corners at row -1 and column -1 are read: test r >= 0 and c >= 0 too"
 NO_MAP_MASK = ("corners off the map are read: a corner adds something only when "
                "0 <= r < H and 0 <= c < W (zero padding)")
 WRAP_INDEX = ("a corner at row or column -1 is read: in Python and torch, index -1 is the last "
@@ -93,6 +101,19 @@ def coordinate_variants():
              lambda x, n: (x - 0.5) * n)]
 
 
+# which corners a kernel reads, by the bounds it tests (the first is the operator's)
+_ACCEPT = {
+    "map": lambda r, c, h, w: (r >= 0) & (r < h) & (c >= 0) & (c < w),
+    "c_upper": lambda r, c, h, w: (r >= 0) & (r < h) & (c >= 0) & (c <= w),
+    "r_upper": lambda r, c, h, w: (r >= 0) & (r <= h) & (c >= 0) & (c < w),
+    "upper": lambda r, c, h, w: (r >= 0) & (r <= h) & (c >= 0) & (c <= w),
+    "c_lower": lambda r, c, h, w: (r >= 0) & (r < h) & (c < w),
+    "r_lower": lambda r, c, h, w: (r < h) & (c >= 0) & (c < w),
+    "lower": lambda r, c, h, w: (r < h) & (c < w),
+    "all": lambda r, c, h, w: torch.ones_like(r, dtype=torch.bool),
+}
+
+
 def sample(value, shapes, starts, loc, attn, *, coordinate=None, floor=_floor, accept="map",
            read="flat", row="rW", weights="bilinear", attention=True, flip_xy=False,
            swap_shapes=False, zero_starts=False, layout="md", terms=False):
@@ -106,7 +127,8 @@ def sample(value, shapes, starts, loc, attn, *, coordinate=None, floor=_floor, a
 
     Conventions (defaults are the operator's): ``coordinate(x, n)`` the pixel coordinate;
     ``floor``; ``accept`` which corners are read: "map" (0 <= r < H, 0 <= c < W), "upper"
-    (r <= H, c <= W), "lower" (r < H, c < W), "all"; ``read`` how an accepted corner's value
+    (r <= H, c <= W), "c_upper" / "r_upper" (one of the two), "lower" (no test for >= 0),
+    "c_lower" / "r_lower", "all"; ``read`` how an accepted corner's value
     is found: "flat" (row start + r*W + c of S, NaN past the tensor), "wrap" (Python indexing,
     -1 is the last row), "clamp" (onto the edge); ``row`` "rW" or "rH" (r * H + c);
     ``weights`` "bilinear", "ones" or "near" (each corner gets the opposite one's weight);
@@ -155,14 +177,7 @@ def sample(value, shapes, starts, loc, attn, *, coordinate=None, floor=_floor, a
             else:
                 w = wy * wx
             on_map = (r >= 0) & (r < height) & (c >= 0) & (c < width)
-            if accept == "map":
-                taken = on_map
-            elif accept == "upper":
-                taken = (r >= 0) & (r <= height) & (c >= 0) & (c <= width)
-            elif accept == "lower":
-                taken = (r < height) & (c < width)
-            else:
-                taken = torch.ones_like(on_map)
+            taken = _ACCEPT[accept](r, c, height, width)
             if read == "wrap":
                 rr, cc = r.remainder(height), c.remainder(width)
                 valid = taken & (r >= -height) & (c >= -width)
@@ -216,8 +231,12 @@ MISTAKES = [
     (NO_ATTENTION, dict(attention=False)),
     (NO_CORNER_WEIGHTS, dict(weights="ones")),
     (NEAR_WEIGHTS, dict(weights="near")),
-    (COL_UPPER, dict(accept="upper")),
-    (LOWER_BOUND, dict(accept="lower")),
+    (COL_UPPER, dict(accept="c_upper")),
+    (ROW_UPPER, dict(accept="r_upper")),
+    (BOTH_UPPER, dict(accept="upper")),
+    (COL_LOWER, dict(accept="c_lower")),
+    (ROW_LOWER, dict(accept="r_lower")),
+    (BOTH_LOWER, dict(accept="lower")),
     (NO_MAP_MASK, dict(accept="all")),
     (WRAP_INDEX, dict(accept="lower", read="wrap")),
     (BORDER, dict(accept="all", read="clamp")),
@@ -225,29 +244,36 @@ MISTAKES = [
 ]
 
 
-def _close(got, expected, atol):
-    got = got.detach().cpu().double()
-    if tuple(got.shape) != tuple(expected.shape):
+def _explains(got, variant, differs, atol):
+    """``variant`` explains ``got``: equal wherever the variant is known (NaN marks a read past
+    the tensor, whose value nobody can know), and known at some element that is wrong."""
+    if tuple(got.shape) != tuple(variant.shape):
         return False
-    if torch.isnan(expected).any():
+    known = ~torch.isnan(variant)
+    if known.float().mean() < 0.5:
         return False
-    return bool(((got - expected).abs() <= atol).all())
+    close = ((got - variant).abs() <= atol) | ~known
+    return bool(close.all() and (differs & known).any())
 
 
 def name_mistake(got, args, atol, mistakes=None):
     """The hint of the first usual mistake whose result matches ``got`` within ``atol``
-    (the operator's five arguments in ``args``, a dict), else None."""
+    (the operator's five arguments in ``args``, a dict or a sequence), else None."""
     args = list(args.values()) if isinstance(args, dict) else list(args)
     value, shapes, starts, loc, attn = args
     if not isinstance(got, torch.Tensor):
         return None
+    right = sample(value, shapes, starts, loc, attn)
+    if got.numel() != right.numel():
+        return None
+    got = got.detach().cpu().double().reshape(right.shape)
+    differs = ~((got - right).abs() <= atol)
     for hint, conventions in (mistakes or MISTAKES):
         try:
             variant = sample(value, shapes, starts, loc, attn, **conventions)
         except (RuntimeError, IndexError, ValueError):
             continue
-        if _close(got.reshape(variant.shape) if got.numel() == variant.numel() else got,
-                  variant, atol):
+        if _explains(got, variant, differs, atol):
             return hint
     return None
 
@@ -259,23 +285,37 @@ def garbage(x) -> bool:
     return bool((~torch.isfinite(x)).any() or (x.abs() > 1e6).any())
 
 
-def describe_corners(x, y, height, width, coordinate=None):
-    """'corner (y1, x1) bottom-right at (row 3, col 5)' for every corner of (x, y) that
-    lies off an (H, W) map."""
+def corners_of(x, y, height, width, coordinate=None):
+    """[(name, row, col, on the map)] for the four corners of the location (x, y) on an
+    (H, W) map, in the usual order."""
     coordinate = coordinate or (lambda v, n: v * n - 0.5)
     x0 = math.floor(coordinate(float(x), width))
     y0 = math.floor(coordinate(float(y), height))
-    off = []
-    for name, (oy, ox) in zip(CORNERS, OFFSETS):
-        r, c = y0 + oy, x0 + ox
-        if not (0 <= r < height and 0 <= c < width):
-            off.append(f"{name} at (row {r}, col {c})")
-    return off
+    return [(name, y0 + oy, x0 + ox, 0 <= y0 + oy < height and 0 <= x0 + ox < width)
+            for name, (oy, ox) in zip(CORNERS, OFFSETS)]
 
 
-def explain_element(got, args, index, atol):
+def describe_corners(x, y, height, width, coordinate=None):
+    """'corner (y1, x1) bottom-right at (row 3, col 5)' for every corner of (x, y) that
+    lies off an (H, W) map."""
+    return [f"{name} at (row {r}, col {c})"
+            for name, r, c, inside in corners_of(x, y, height, width, coordinate) if not inside]
+
+
+def bound_hint(row, col, height, width):
+    """Which test lets the off-map corner (row, col) through."""
+    if col == width or row == height:
+        return ("its column is W (or its row H), one past the last: the test is c < W and "
+                "r < H, not c <= W")
+    if col < 0 or row < 0:
+        return "its column (or row) is negative: test c >= 0 and r >= 0 too"
+    return "mask every corner unless 0 <= r < H and 0 <= c < W"
+
+
+def explain_element(got, args, index, atol, image=False):
     """Why output element ``index`` = (b, q, j) with j = m*D + d is wrong, from its samples:
     a corner off the map that was read, a corner on the map that is missing, or garbage.
+    ``image``: the arguments are one image sampled at Q points (lab 04), named so.
     Returns a sentence or None."""
     args = list(args.values()) if isinstance(args, dict) else list(args)
     value, shapes, starts, loc, attn = args
@@ -290,7 +330,7 @@ def explain_element(got, args, index, atol):
     expected = float(inside.sum())
     diff = got_v - expected
     shape_list = [tuple(int(v) for v in s) for s in torch.as_tensor(shapes).tolist()]
-    where = f"batch {b}, query {q}, head {m}, channel {d}"
+    where = f"point {q}, channel {d}" if image else f"batch {b}, query {q}, head {m}, channel {d}"
     if not math.isfinite(got_v) or abs(got_v) > 1e6:
         text = (f"at {where} the value {got_v:.6g} is garbage: no weighted sum of these inputs "
                 "reaches it, so something read memory outside the tensor (or an output nobody "
@@ -302,25 +342,37 @@ def explain_element(got, args, index, atol):
     scale = max(abs(expected), 1e-6)
     tol = max(atol, 1e-9 * scale)
     levels, points = inside.shape[0], inside.shape[1]
+
+    def name(lvl, k, c):
+        row = int(pieces["rows"][b, q, m, lvl, k, c])
+        col = int(pieces["cols"][b, q, m, lvl, k, c])
+        h, w = shape_list[lvl]
+        if image:
+            return f"corner {CORNERS[c]} at (row {row}, col {col}) of the {h} x {w} map"
+        return (f"level {lvl}, point {k}, corner {CORNERS[c]} at (row {row}, col {col}) of a "
+                f"{h} x {w} map")
+
     for lvl in range(levels):
         for k in range(points):
+            on = [bool(pieces["on_map"][b, q, m, lvl, k, c]) for c in range(4)]
+            off = [c for c in range(4) if not on[c] and math.isfinite(float(outside[lvl, k, c]))
+                   and abs(float(outside[lvl, k, c])) > tol]
+            groups = [[c] for c in off] + [[c1, c2] for i, c1 in enumerate(off)
+                                           for c2 in off[i + 1:]] + ([off] if len(off) > 2 else [])
+            for group in groups:
+                extra = sum(float(outside[lvl, k, c]) for c in group)
+                if abs(diff - extra) <= tol:
+                    names = " and ".join(name(lvl, k, c) for c in group)
+                    return (f"at {where} the difference is exactly the contribution of {names}: "
+                            + ("that corner is" if len(group) == 1 else "those corners are")
+                            + " off the map and must add zero, but your code read "
+                            + ("it" if len(group) == 1 else "them"))
             for c in range(4):
-                row = int(pieces["rows"][b, q, m, lvl, k, c])
-                col = int(pieces["cols"][b, q, m, lvl, k, c])
-                h, w = shape_list[lvl]
-                name = (f"level {lvl}, point {k}, corner {CORNERS[c]} at (row {row}, col {col}) "
-                        f"of a {h} x {w} map")
-                extra = float(outside[lvl, k, c])
-                if not pieces["on_map"][b, q, m, lvl, k, c] and math.isfinite(extra) and \
-                        abs(extra) > tol and abs(diff - extra) <= tol:
-                    return (f"at {where} the difference is exactly the contribution of {name}: "
-                            "that corner is off the map and must add zero, but your code read it")
                 missing = float(inside[lvl, k, c])
-                if pieces["on_map"][b, q, m, lvl, k, c] and abs(missing) > tol and \
-                        abs(diff + missing) <= tol:
-                    return (f"at {where} the difference is exactly the contribution of {name}, "
-                            "which is on the map and missing from your result (is your mask "
-                            "too strict at this edge?)")
+                if on[c] and abs(missing) > tol and abs(diff + missing) <= tol:
+                    return (f"at {where} the difference is exactly the contribution of "
+                            f"{name(lvl, k, c)}, which is on the map and missing from your "
+                            "result (is your mask too strict at this edge?)")
     return None
 
 
@@ -335,15 +387,33 @@ def _off_map_corners(pieces, b, q, m, shapes, loc):
     return ", ".join(found[:6]) + (" ..." if len(found) > 6 else "")
 
 
-def output_hint(got, args, atol, index=None, mistakes=None):
+def output_hint(got, args, atol, index=None, mistakes=None, image=False):
     """The hint for a wrong forward output: a named mistake, else the corner that explains
     the worst element, else None."""
     hint = name_mistake(got, args, atol, mistakes)
     if hint is not None:
         return hint
     if index is not None:
-        return explain_element(got, args, index, atol)
+        return explain_element(got, args, index, atol, image=image)
     return None
+
+
+OUTPUT_AXES = ("batch", "query", "head", "channel")
+
+
+def output_mismatch(got, expected, atol, what, heads):
+    """``explain_mismatch`` of two (B, Q, M*D) outputs with the axes named batch, query,
+    head, channel (M*D split into its head and channel); None when they match."""
+    from source_kernels.testing import explain_mismatch
+    if not isinstance(got, torch.Tensor):
+        return f"{what}: expected a torch.Tensor, got {type(got).__name__}"
+    got = got.detach().cpu()
+    if tuple(got.shape) != tuple(expected.shape):
+        return f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    batch, queries, width = expected.shape
+    shape = (batch, queries, heads, width // heads)
+    return explain_mismatch(got.double().reshape(shape), expected.double().reshape(shape),
+                            atol=atol, rtol=0.0, axes=OUTPUT_AXES, what=what)
 
 
 def worst_index(got, expected):
