@@ -185,7 +185,9 @@ def test_release_leaks_nothing(runs, lab):
         text = cells[grade_id].source
         assert "raise NotImplementedError()" in text or "YOUR ANSWER HERE" in text, grade_id
     for cell in release.cells:
-        if BEGIN_HIDDEN in cell.source or "autograde.checks" in cell.source:
+        # the setup cell imports the visible checks' module; nothing else of the grading
+        visible = cell.source.replace(f"from autograde.checks import {lab[:5]} as check", "")
+        if BEGIN_HIDDEN in cell.source or "autograde.checks" in visible:
             raise AssertionError(f"hidden test code in the release: {cell.source!r}")
 
 
@@ -301,6 +303,21 @@ def test_hidden_cells_only_call_a_check(lab):
         assert isinstance(call, ast.Call) and call.func.value.id == lab[:5]
         assert call.func.attr.startswith("check_") and hasattr(module, call.func.attr)
         assert all(isinstance(arg, ast.Name) for arg in call.args) and not call.keywords
+
+
+def test_lab05_every_graded_cell_is_a_check_call_the_grader_finds():
+    """Lab 05's visible cells, like its hidden ones, hold check calls that the grader finds in
+    the cell itself and replays (autograde.verify.check_calls); no inline assert."""
+    from autograde.verify import check_calls
+
+    nb = nbformat.read(source_notebook("lab05_forward_correct"), as_version=4)
+    graded = [c for c in nb.cells if nbgrader_meta(c).get("grade")]
+    assert len(graded) >= 16                        # 8 steps, a visible and a hidden check each
+    for cell in graded:
+        calls = check_calls(cell.source, ("autograde.checks",))
+        assert calls and all(args is not None for _, _, args, _ in calls), \
+            nbgrader_meta(cell)["grade_id"]
+        assert "assert " not in cell.source, nbgrader_meta(cell)["grade_id"]
 
 
 def test_chips_reexport_the_package():

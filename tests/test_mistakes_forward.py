@@ -7,22 +7,25 @@ that make it, the visible check cell that must catch it, and words that only the
 if the diagnosis were removed and the check only reported the wrong number.  The lab's setup,
 solution and given cells run in-process with the mistake in place, then the one visible check
 (not through nbgrader, to stay fast).
+
+The table and the runner need nothing but torch and Triton, so that
+``scripts/gpu/forward_labs_compiled.py`` runs the same rows compiled on a GPU.
 """
 from __future__ import annotations
 
 import ast
+import json
 import linecache
 import sys
 import types
 from pathlib import Path
 
-import nbformat
 import pytest
 
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nbgrader_helpers import BEGIN_HIDDEN, nbgrader_meta, source_notebook  # noqa: E402
+ASSIGNMENTS = Path(__file__).resolve().parents[1] / "assignments"
+BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
 
 L01, L02, L04, L05 = ("lab01_the_spec", "lab02_tensors_are_pointers", "lab04_hello_triton",
                       "lab05_forward_correct")
@@ -282,47 +285,65 @@ def _defines(source) -> bool:
     return any(isinstance(node, ast.FunctionDef) for node in tree.body)
 
 
-def _run_with_mistake(lab, cell_id, replacements, check_id):
-    """Run the lab's setup, solution and function-defining given cells with the mistake in
-    place, then the visible check ``check_id``; returns its AssertionError message (None when
-    it passed)."""
-    nb = nbformat.read(source_notebook(lab), as_version=4)
-    module = types.ModuleType(f"{lab}_mistake")
+def cells(lab):
+    """[(grade_id, nbgrader metadata, cell type, source)] of a lab's source notebook."""
+    nb = json.loads((ASSIGNMENTS / lab / f"{lab}.ipynb").read_text())
+    found = []
+    for cell in nb["cells"]:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        found.append((meta.get("grade_id", ""), meta, cell["cell_type"], source))
+    return found
+
+
+def visible_checks(lab):
+    return [gid for gid, meta, kind, source in cells(lab)
+            if kind == "code" and meta.get("grade") and BEGIN_HIDDEN not in source]
+
+
+def namespace(lab, cell_id=None, replacements=()):
+    """The lab's setup, solution and function-defining given cells run in a module of their
+    own (Triton needs each kernel's source: the cells go into linecache), with the mistake
+    ``replacements`` made in the solution cell ``cell_id``; returns the module's dict."""
+    module = types.ModuleType(f"{lab}_solution")
     sys.modules[module.__name__] = module
-    found = False
-    for index, cell in enumerate(nb.cells):
-        meta = nbgrader_meta(cell)
-        gid = meta.get("grade_id", "")
-        if cell.cell_type != "code" or BEGIN_HIDDEN in cell.source:
+    found = cell_id is None
+    for index, (gid, meta, kind, source) in enumerate(cells(lab)):
+        if kind != "code" or meta.get("grade") or \
+                not (gid.endswith("_setup") or meta.get("solution") or _defines(source)):
             continue
-        if meta.get("grade"):
-            if gid != check_id:
-                continue
-        elif not (gid.endswith("_setup") or meta.get("solution") or _defines(cell.source)):
-            continue
-        source = cell.source
         if gid == cell_id:
             for old, new in replacements:
                 assert source.count(old) == 1, f"{cell_id}: {old!r} occurs {source.count(old)} times"
                 source = source.replace(old, new)
             found = True
-        name = f"<{lab} cell {index}, mistake>"
-        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-        code = compile(source, name, "exec")
-        if gid == check_id:
-            try:
-                exec(code, module.__dict__)                              # noqa: S102
-            except AssertionError as exc:
-                return str(exc)
-            return None
-        exec(code, module.__dict__)                                      # noqa: S102
-    raise AssertionError(f"{lab}: no visible check {check_id} (solution cell found: {found})")
+        _exec(source, f"<{lab} cell {index}>", module.__dict__)
+    assert found, f"{lab}: no solution cell {cell_id}"
+    return module.__dict__
+
+
+def _exec(source, name, scope):
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    exec(compile(source, name, "exec"), scope)                           # noqa: S102
+
+
+def run_with_mistake(lab, cell_id, replacements, check_id):
+    """Run the visible check ``check_id`` after the lab's cells with the mistake in place
+    (``cell_id`` None: the solution as it is); returns the check's AssertionError message,
+    None when it passed."""
+    scope = namespace(lab, cell_id, replacements)
+    source = next(src for gid, _, _, src in cells(lab) if gid == check_id)
+    try:
+        _exec(source, f"<{lab} {check_id}>", scope)
+    except AssertionError as exc:
+        return str(exc)
+    return None
 
 
 @pytest.mark.parametrize("lab, cell_id, replacements, check_id, words",
                          [row[1:] for row in MISTAKES], ids=[row[0] for row in MISTAKES])
 def test_visible_check_names_the_mistake(lab, cell_id, replacements, check_id, words, capsys):
-    message = _run_with_mistake(lab, cell_id, replacements, check_id)
+    message = run_with_mistake(lab, cell_id, replacements, check_id)
     assert message is not None, f"{check_id} passed with the mistake in place"
     assert "Hint:" in message, message
     for word in words:
@@ -333,8 +354,5 @@ def test_every_lab_and_visible_check_has_rows():
     """The table covers each forward lab and, in lab 05, every checked step."""
     checks = {row[4] for row in MISTAKES}
     for lab in (L01, L02, L04, L05):
-        nb = nbformat.read(source_notebook(lab), as_version=4)
-        visible = {nbgrader_meta(c)["grade_id"] for c in nb.cells
-                   if nbgrader_meta(c).get("grade") and BEGIN_HIDDEN not in c.source}
-        missing = visible - checks
+        missing = set(visible_checks(lab)) - checks
         assert not missing, f"{lab}: no mistake row for the visible checks {sorted(missing)}"

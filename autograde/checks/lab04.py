@@ -29,8 +29,11 @@ def _on_device(*tensors):
 
 
 def _wrapper(fn, *args):
-    """Call the student's wrapper with every kernel access checked; demand a launch."""
-    with count_kernel_launches() as launches, guard.watch() as report:
+    """Call the student's wrapper with every kernel access checked; demand a launch.  (A
+    recorded session of its own: while the grading kernel records, a kernel passed to the
+    same session would be launched past the launch counter.)"""
+    with forbid_references(fn), count_kernel_launches() as launches, \
+            guard.watch() as report:
         got = fn(*args)
     if launches.count == 0:
         raise AssertionError(f"{fn.__name__} launched no Triton kernel: the work has to be "
@@ -84,12 +87,11 @@ def check_vector_add(add_kernel, vector_add, seed=None):
     for n in sizes:
         x, y = _on_device(torch.randn(n, generator=gen), torch.randn(n, generator=gen))
         what = f"vector_add, {n} elements ({tag})"
-        with forbid_references(add_kernel, vector_add):
+        with forbid_references(add_kernel):
             report = guard.launch(add_kernel, (triton.cdiv(n, 128),), x, y, torch.empty_like(x),
                                   n, BLOCK=128)
-            report.check(f"add_kernel on {n} elements in blocks of 128 ({tag})",
-                         _mask_hint(report))
-            got, watched = _wrapper(vector_add, x, y)
+        report.check(f"add_kernel on {n} elements in blocks of 128 ({tag})", _mask_hint(report))
+        got, watched = _wrapper(vector_add, x, y)
         watched.check(what, _mask_hint(watched))
         expected = expect(torch.add, x.cpu(), y.cpu())
         if expected is None:
@@ -137,15 +139,14 @@ def check_copy_2d(copy_tile_kernel, copy_2d, seed=None):
         what = f"copy_2d of {name} tensor, strides {tuple(src.stride())} ({tag})"
         r, c = src.shape
         dst = torch.empty((r, c), dtype=src.dtype, device=src.device)
-        with forbid_references(copy_tile_kernel, copy_2d):
-            with guard.watch() as report:
-                copy_tile_kernel[(triton.cdiv(r, 16), triton.cdiv(c, 16))](
-                    src, dst, r, c, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
-                    BLOCK_R=16, BLOCK_C=16)
-            report.check(f"copy_tile_kernel on {name} tensor ({tag})",
-                         "mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :] on the "
-                         "load and the store: a tile of 16 x 16 sticks out of the tensor")
-            got, watched = _wrapper(copy_2d, src)
+        with forbid_references(copy_tile_kernel), guard.watch() as report:
+            copy_tile_kernel[(triton.cdiv(r, 16), triton.cdiv(c, 16))](
+                src, dst, r, c, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
+                BLOCK_R=16, BLOCK_C=16)
+        report.check(f"copy_tile_kernel on {name} tensor ({tag})",
+                     "mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :] on the load "
+                     "and the store: a tile of 16 x 16 sticks out of the tensor")
+        got, watched = _wrapper(copy_2d, src)
         watched.check(what, "mask every access of the tile by its rows and its columns")
         expected = expect(lambda t: t.detach().cpu().contiguous(), src)
         if expected is None:
@@ -205,13 +206,13 @@ def check_gather_rows(gather_rows_kernel, gather_rows, seed=None):
         table, index = _on_device(table, index)
         what = f"gather_rows of {n} rows from a ({n_rows}, {channels}) table ({tag})"
         block_d = triton.next_power_of_2(channels)
-        with forbid_references(gather_rows_kernel, gather_rows):
+        with forbid_references(gather_rows_kernel):
             report = guard.launch(gather_rows_kernel, (triton.cdiv(n, 16),), table, index,
                                   torch.empty(n, channels, device=table.device), n, n_rows,
                                   channels, BLOCK_I=16, BLOCK_D=block_d)
-            report.check(f"gather_rows_kernel, {n} rows from a ({n_rows}, {channels}) table "
-                         f"({tag})", _gather_hint(report, index, n_rows))
-            got, watched = _wrapper(gather_rows, table, index)
+        report.check(f"gather_rows_kernel, {n} rows from a ({n_rows}, {channels}) table "
+                     f"({tag})", _gather_hint(report, index, n_rows))
+        got, watched = _wrapper(gather_rows, table, index)
         watched.check(what, _gather_hint(watched, index, n_rows))
         expected = expect(_expected_gather, table, index)
         if expected is None:
@@ -291,13 +292,13 @@ def check_bilinear(bilinear_kernel, bilinear_sample_triton, seed=None):
         n = loc.shape[0]
         what = f"bilinear samples, {name} ({tag})"
         out = torch.empty(n, channels, device=image.device)
-        with forbid_references(bilinear_kernel, bilinear_sample_triton):
+        with forbid_references(bilinear_kernel):
             report = guard.launch(bilinear_kernel, (triton.cdiv(n, 16),), image, loc, out, n,
                                   height, width, channels, BLOCK_N=16,
                                   BLOCK_D=triton.next_power_of_2(channels))
-            report.check(f"bilinear_kernel, {name} ({tag})",
-                         _bilinear_guard_hint(report, image, loc, 16))
-            got, watched = _wrapper(bilinear_sample_triton, image, loc)
+        report.check(f"bilinear_kernel, {name} ({tag})",
+                     _bilinear_guard_hint(report, image, loc, 16))
+        got, watched = _wrapper(bilinear_sample_triton, image, loc)
         watched.check(what, _bilinear_guard_hint(watched, image, loc, None))
         expected = expect(_expected_bilinear, image, loc)
         if expected is None:

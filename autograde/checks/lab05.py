@@ -125,15 +125,17 @@ def _tester(name, helper):
     return kernel
 
 
-def _assertion_inside(exc):
-    """An AssertionError (a reference called, a guard report) that the interpreter wrapped."""
+def _as_assertion(exc, text):
+    """The AssertionError to raise for an error of the student's code: one the interpreter
+    wrapped (a reference called) as it was, anything else as ``text``."""
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, AssertionError):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
+    inner = exc
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        if isinstance(inner, AssertionError):
+            return inner
+        inner = inner.__cause__ or inner.__context__
+    return AssertionError(text)
 
 
 def _last_line(exc):
@@ -163,12 +165,9 @@ def _launch(tester, grid, what, *args, int32=False, **kwargs):
     except AssertionError:
         raise
     except Exception as exc:                                        # noqa: BLE001
-        inner = _assertion_inside(exc)
-        if inner is not None:
-            raise inner from None
-        raise AssertionError(f"{what}: running your helper raised {type(exc).__name__}: "
-                             f"{_last_line(exc)}\nHint: check its signature and that it "
-                             "returns what its docstring says") from None
+        raise _as_assertion(exc, f"{what}: running your helper raised {type(exc).__name__}: "
+                                 f"{_last_line(exc)}\nHint: check its signature and that it "
+                                 "returns what its docstring says") from None
     return report
 
 
@@ -237,14 +236,15 @@ def check_corner_coordinate(corner_coordinate, seed=None):
         ordinary = torch.cat([torch.tensor([0.0, 1.0]), (x_im + 0.5) / size])
         loc = torch.cat([ordinary, torch.tensor(FAR)]).float()
         n = loc.numel()
-        first = torch.zeros(n, dtype=torch.int64)
-        frac = torch.zeros(n, dtype=torch.float32)
+        first = torch.zeros(n, dtype=torch.int64, device=op.device())
+        frac = torch.zeros(n, dtype=torch.float32, device=op.device())
         what = f"corner_coordinate with size = {size} ({tag})"
         with forbid_references(tester):
-            report = _launch(tester, (1,), what, loc, first, frac, n, size, BLOCK=64)
+            report = _launch(tester, (1,), what, loc.to(first.device), first, frac, n, size,
+                             BLOCK=64)
         report.check(what)
         if judging():
-            _judge_corner(first, frac, loc, size, len(ordinary), report, what)
+            _judge_corner(first.cpu(), frac.cpu(), loc, size, len(ordinary), report, what)
     _passed(f"corner_coordinate: sizes {sizes}; ordinary locations, negative pixel coordinates "
             f"and +-1e9, +-inf, NaN give the right first corner (clamped to [-2, size + 1]) and "
             f"fraction ({tag})")
@@ -332,14 +332,15 @@ def check_level_row(level_row, seed=None):
         start = int(torch.randint(0, 5000, (1,), generator=gen))
         r = torch.randint(0, height, (24,), generator=gen, dtype=torch.int32)
         c = torch.randint(0, width, (24,), generator=gen, dtype=torch.int32)
-        out = torch.zeros(24, dtype=torch.int64)
+        out = torch.zeros(24, dtype=torch.int64, device=op.device())
         what = f"level_row on a level of H = {height}, W = {width} starting at row {start} ({tag})"
         with forbid_references(tester):
-            report = _launch(tester, (1,), what, torch.tensor([start]), r, c, out, 24, height,
-                             width, BLOCK=32)
+            report = _launch(tester, (1,), what, torch.tensor([start], device=out.device),
+                             r.to(out.device), c.to(out.device), out, 24, height, width, BLOCK=32)
         report.check(what)
         if not judging():
             continue
+        out = out.cpu()
         r64, c64 = r.long(), c.long()
         expected = start + r64 * width + c64
         if torch.equal(out, expected):
@@ -376,14 +377,16 @@ def check_value_offset(value_offset, seed=None):
         s = torch.randint(0, total, (n,), generator=gen, dtype=torch.int32)
         m = torch.randint(0, heads, (n,), generator=gen, dtype=torch.int32)
         b[0], s[0], m[0] = batch - 1, total - 1, heads - 1        # the largest offset
-        out = torch.zeros(n, dtype=torch.int64)
+        out = torch.zeros(n, dtype=torch.int64, device=op.device())
         what = f"value_offset on {description} ({tag})"
         with forbid_references(tester):
-            report = _launch(tester, (1,), what, b, s, m, out, n, total, heads, channels,
-                             BLOCK=64, int32=True)
+            report = _launch(tester, (1,), what, b.to(out.device), s.to(out.device),
+                             m.to(out.device), out, n, total, heads, channels, BLOCK=64,
+                             int32=True)
         report.check(what)
         if not judging():
             continue
+        out = out.cpu()
         b64, s64, m64 = b.long(), s.long(), m.long()
         expected = ((b64 * total + s64) * heads + m64) * channels
         if torch.equal(out, expected):
@@ -472,11 +475,8 @@ def _run(msda_forward, args, what, block_q):
     except AssertionError:
         raise
     except Exception as exc:                                        # noqa: BLE001
-        inner = _assertion_inside(exc)
-        if inner is not None:
-            raise inner from None
-        raise AssertionError(f"{what}: your kernel raised {type(exc).__name__}: "
-                             f"{_last_line(exc)}" + _error_hint(exc, args)) from None
+        raise _as_assertion(exc, f"{what}: your kernel raised {type(exc).__name__}: "
+                                 f"{_last_line(exc)}" + _error_hint(exc, args)) from None
     if launches.count == 0:
         raise AssertionError(f"{what}: msda_forward launched no Triton kernel: the work has "
                              "to be done by your msda_forward_kernel")
@@ -523,8 +523,8 @@ def check_forward_inside(msda_forward, seed=None):
         yield ("one level, one head, one point", dict(
             batch=1, queries=6, heads=1, channels=4, shapes=[[4, 5]], points=1,
             outside=-0.12), 8, None)
-        yield ("3 levels, 2 heads, 2 points, batch 2, 20 queries in blocks of 8", dict(
-            batch=2, queries=20, heads=2, channels=4, shapes=[[5, 7], [3, 4], [2, 2]], points=2,
+        yield ("3 levels, 2 heads, 2 points, batch 2, 12 queries in blocks of 8", dict(
+            batch=2, queries=12, heads=2, channels=4, shapes=[[5, 7], [3, 4], [2, 2]], points=2,
             outside=-0.05), 8, None)
     _check(msda_forward, cases, seed, "msda_forward inside the maps")
 
