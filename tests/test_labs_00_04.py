@@ -14,13 +14,16 @@ import time
 import nbformat
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+import source_kernels  # noqa: F401  (the interpreter switch, before the kernels below)
 import nbgrader_helpers as nbh
 
 LABS = ["lab00_the_idea", "lab01_the_spec", "lab02_tensors_are_pointers",
         "lab03_the_machine", "lab04_hello_triton"]
 HIDDEN_CELL = re.compile(r"### BEGIN HIDDEN TESTS\nfrom autograde\.checks import (lab\d\d)\n"
-                         r"\1\.check_\w+\(\w+\)\n### END HIDDEN TESTS")
+                         r"\1\.check_\w+\(\w+(, \w+)*\)\n### END HIDDEN TESTS")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +104,8 @@ def test_hidden_checks_reject_a_function_that_calls_a_chip():
     cases = [(lab00.check_deformable_attention, delegate(c0.deformable_attention)),
              (lab00.check_cross_attention, CrossAttention),
              (lab00.check_msdeform_attn, MSDA),
-             (lab01.check_corner_weights, delegate(c1.bilinear_corner_weights)),
+             (lab01.check_corner_weights, delegate(c1.pixel_coordinate),
+              delegate(c1.bilinear_corner_weights)),
              (lab01.check_bilinear_sample, delegate(c1.bilinear_sample_naive)),
              (lab01.check_msda_naive, delegate(c1.msda_naive)),
              (lab02.check_contiguous_strides, delegate(c2.contiguous_strides)),
@@ -113,24 +117,121 @@ def test_hidden_checks_reject_a_function_that_calls_a_chip():
              (lab03.check_warp_instructions, delegate(c3.warp_instructions)),
              (lab03.check_gather_traffic, delegate(c3.gather_traffic)),
              (lab03.check_predict_tiling, delegate(c3.predict_tiling)),
-             (lab04.check_vector_add, delegate(c4.vector_add)),
-             (lab04.check_copy_2d, delegate(c4.copy_2d)),
-             (lab04.check_gather_rows, delegate(c4.gather_rows)),
-             (lab04.check_bilinear, delegate(c4.bilinear_sample_triton))]
-    for check, graded in cases:
+             (lab04.check_vector_add, c4.add_kernel, delegate(c4.vector_add)),
+             (lab04.check_copy_2d, c4.copy_tile_kernel, delegate(c4.copy_2d)),
+             (lab04.check_gather_rows, c4.gather_rows_kernel, delegate(c4.gather_rows)),
+             (lab04.check_bilinear, c4.bilinear_kernel, delegate(c4.bilinear_sample_triton))]
+    for check, *graded in cases:
         with pytest.raises(ReferenceCalled):
-            check(graded)
+            check(*graded)
     # and the chips are whole again afterwards
     x = torch.arange(5.0)
     assert torch.equal(c4.vector_add(x, x), 2 * x)
     assert c2.int32_wrap(2 ** 31) == -2 ** 31
 
 
+@triton.jit
+def _add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """A student's vector add (not the chip, which a check refuses)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + tl.load(y_ptr + offs,
+             mask=offs < n), mask=offs < n)
+
+
 def test_hidden_check_rejects_torch_instead_of_a_kernel():
     from autograde.checks import lab04
 
     with pytest.raises(AssertionError, match="launched no Triton kernel"):
-        lab04.check_vector_add(lambda x, y: x + y)
+        lab04.check_vector_add(_add_kernel, lambda x, y: x + y)
+
+
+def test_lab04_check_reports_an_unmasked_kernel_instead_of_crashing():
+    """The guard stops a read and a write past the end before they happen, and the check
+    names them with the kernel line and the mask hint."""
+    from autograde.checks import lab04
+
+    @triton.jit
+    def unmasked(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs) + tl.load(y_ptr + offs))
+
+    def wrapper(x, y):
+        out = torch.empty_like(x)
+        unmasked[(triton.cdiv(x.numel(), 128),)](x, y, out, x.numel(), BLOCK=128)
+        return out
+
+    with pytest.raises(AssertionError, match=r"read past the end of x_ptr(.|\n)*Hint: mask"):
+        lab04.check_vector_add(unmasked, wrapper, seed=0)
+
+
+@pytest.mark.parametrize("lab", ["lab01_the_spec", "lab02_tensors_are_pointers",
+                                 "lab04_hello_triton"])
+def test_checks_replay_out_of_the_kernel(lab):
+    """Every graded cell (the visible ones with their seed, the hidden ones) holds check calls
+    that the grader finds in the cell itself (autograde.verify.check_calls: a visible cell
+    whose calls it cannot see would be scored in the kernel, unjudged), and each call,
+    recorded as the grading kernel records it, replays in the grader's process with the
+    solution's functions replaced by the record and uses every recorded call."""
+    import importlib
+
+    from autograde import recording
+    from autograde.verify import check_calls
+    import test_mistakes_forward as lab_cells
+
+    scope = lab_cells.namespace(lab)
+    replayed = 0
+    for gid, meta, kind, source in lab_cells.cells(lab):
+        if kind != "code" or not meta.get("grade"):
+            continue
+        calls = check_calls(source, ("autograde.checks",))
+        assert calls, f"{gid}: the grader finds no check call to replay in this cell"
+        for module, function, args, kwargs in calls:
+            check = getattr(importlib.import_module(module), function)
+            names = [a[1] for a in args if a[0] == "name"]
+            consts = {k: v[1] for k, v in kwargs.items()}
+            recording._mode, recording._base_seed, recording._counter = "record", "replay", 0
+            recording._events = []
+            try:
+                check(*(scope[name] for name in names), **consts)
+            finally:
+                events, recording._events, recording._mode = recording._events, [], None
+            context = recording.ReplayContext(events, "replay")
+            proxies = [recording.Proxy(context, name) for name in names]
+            recording.replay_check(check, proxies, consts, context)
+            assert recording.unused_calls(context) == 0, (gid, function)
+            replayed += 1
+    assert replayed >= 6
+
+
+@pytest.mark.parametrize("lab, cell_id, old, new, check_id", [
+    ("lab01_the_spec", "lab01_corner_weights", "return normalised * size - 0.5",
+     "return normalised * size", "lab01_check_corner_weights"),
+    ("lab04_hello_triton", "lab04_bilinear", "* W - 0.5", "* W", "lab04_check_bilinear")])
+def test_replay_judges_a_visible_check_the_kernel_did_not(lab, cell_id, old, new, check_id):
+    """In the grading kernel a visible check only records (it does not judge); the grader's
+    replay of a wrong function's record fails, so the visible point is not given away."""
+    import importlib
+
+    from autograde import recording
+    from autograde.verify import check_calls
+    import test_mistakes_forward as lab_cells
+
+    scope = lab_cells.namespace(lab, cell_id, [(old, new)])
+    source = next(src for gid, _, _, src in lab_cells.cells(lab) if gid == check_id)
+    (module, function, args, kwargs), = check_calls(source, ("autograde.checks",))
+    check = getattr(importlib.import_module(module), function)
+    names = [a[1] for a in args]
+    consts = {k: v[1] for k, v in kwargs.items()}
+    recording._mode, recording._base_seed, recording._counter = "record", "replay", 0
+    recording._events = []
+    try:
+        check(*(scope[name] for name in names), **consts)         # no verdict in the kernel
+    finally:
+        events, recording._events, recording._mode = recording._events, [], None
+    context = recording.ReplayContext(events, "replay")
+    with pytest.raises(AssertionError, match="Hint"):
+        recording.replay_check(check, [recording.Proxy(context, n) for n in names], consts,
+                               context)
 
 
 # ------------------------------------------------------------------ generate, run, grade

@@ -53,9 +53,8 @@ def _replace_once(text, old, new):
 
 
 def _half_pixel(source):
-    """Lab 05: the pixel coordinate x * W instead of x * W - 0.5 (and y * H)."""
-    source = _replace_once(source, ".to(ACC_DTYPE) * W - 0.5", ".to(ACC_DTYPE) * W")
-    return _replace_once(source, ".to(ACC_DTYPE) * H - 0.5", ".to(ACC_DTYPE) * H")
+    """Lab 05: corner_coordinate takes the pixel coordinate x * W instead of x * W - 0.5."""
+    return _replace_once(source, "x_im = loc * size - 0.5", "x_im = loc * size")
 
 
 def _missing_w(source):
@@ -91,11 +90,11 @@ def _no_validation(source):
 
 # lab -> (solution cell to break, how, the graded cells that must drop to 0)
 WRONG = {
-    "lab05_forward_correct": ("lab05_kernel", _half_pixel, {
-        "lab05_check_inside", "lab05_hidden_inside", "lab05_check_outside",
-        "lab05_hidden_outside", "lab05_check_levels", "lab05_hidden_levels",
-        "lab05_check_channels", "lab05_hidden_channels", "lab05_check_half",
-        "lab05_hidden_half"}),
+    "lab05_forward_correct": ("lab05_corner", _half_pixel, {
+        "lab05_check_corner", "lab05_hidden_corner", "lab05_check_sample",
+        "lab05_hidden_sample", "lab05_check_inside", "lab05_hidden_inside",
+        "lab05_check_outside", "lab05_hidden_outside", "lab05_check_channels",
+        "lab05_hidden_channels", "lab05_check_half", "lab05_hidden_half"}),
     "lab06_make_it_fast": ("lab06_tune", _keeps_wrong_configurations, {
         "lab06_check_tune", "lab06_hidden_tune"}),
     "lab07_the_other_direction": ("lab07_grad_loc", _missing_w, {
@@ -118,13 +117,14 @@ WRONG = {
 }
 # the exact totals (automatically graded points) of the wrong submissions, out of the lab's
 # automatically graded maximum
-WRONG_TOTALS = {"lab05_forward_correct": (2.0, 17.0), "lab06_make_it_fast": (3.0, 7.0),
+WRONG_TOTALS = {"lab05_forward_correct": (5.0, 23.0), "lab06_make_it_fast": (3.0, 7.0),
                 "lab07_the_other_direction": (6.0, 9.0), "lab08_concurrent_writes": (12.0, 19.0),
                 "lab09_hardware_detective": (6.0, 9.0), "lab10_ship_it": (6.0, 12.0)}
 # solution cells that must come out of the release whatever else changes (beyond the general
 # leak check): the kernels, the derivations and the data-race demo
 MUST_STRIP = {
-    "lab05_forward_correct": ["lab05_kernel"],
+    "lab05_forward_correct": ["lab05_corner", "lab05_offsets", "lab05_sample_level",
+                              "lab05_kernel"],
     "lab07_the_other_direction": ["lab07_derivation_attn", "lab07_derivation_loc",
                                   "lab07_derivation_value"],
     "lab08_concurrent_writes": ["lab08_backward_kernel", "lab08_racy_kernel",
@@ -333,6 +333,21 @@ def test_hidden_cells_only_call_a_check(lab):
         assert isinstance(call, ast.Call) and call.func.value.id == lab[:5]
         assert call.func.attr.startswith("check_") and hasattr(module, call.func.attr)
         assert all(isinstance(arg, ast.Name) for arg in call.args) and not call.keywords
+
+
+def test_lab05_every_graded_cell_is_a_check_call_the_grader_finds():
+    """Lab 05's visible cells, like its hidden ones, hold check calls that the grader finds in
+    the cell itself and replays (autograde.verify.check_calls); no inline assert."""
+    from autograde.verify import check_calls
+
+    nb = nbformat.read(source_notebook("lab05_forward_correct"), as_version=4)
+    graded = [c for c in nb.cells if nbgrader_meta(c).get("grade")]
+    assert len(graded) >= 16                        # 8 steps, a visible and a hidden check each
+    for cell in graded:
+        calls = check_calls(cell.source, ("autograde.checks",))
+        assert calls and all(args is not None for _, _, args, _ in calls), \
+            nbgrader_meta(cell)["grade_id"]
+        assert "assert " not in cell.source, nbgrader_meta(cell)["grade_id"]
 
 
 def test_chips_reexport_the_package():

@@ -87,24 +87,7 @@ def assert_scaled(got, expected, dtype, what, axes=None, table=TOLERANCE, hint=N
 
 
 def forward_hint(got, args, dtype):
-    """Name the usual mistake when ``got`` equals the forward of a wrong convention."""
-    loc = args["sampling_locations"]
-    shapes = args["value_spatial_shapes"].detach().cpu().to(loc.dtype).to(loc.device)
-    wh = shapes.flip(-1)[:, None, :]                               # (L, 1, 2) as (W, H)
-    alternatives = [
-        ("you use x * W instead of x * W - 0.5: every sample sits half a pixel off "
-         "(align_corners=False puts pixel centres at (j + 0.5) / W)", loc + 0.5 / wh),
-        ("you use x * (W - 1), the align_corners=True convention; this operator maps x to "
-         "x * W - 0.5", (loc * (wh - 1) + 0.5) / wh),
-        ("x and y are swapped: the last axis of sampling_locations is (x, y), x along W",
-         loc.flip(-1)),
-    ]
-    for text, other in alternatives:
-        variant = dict(args, sampling_locations=other)
-        if mismatch(got, forward_fp64(variant), dtype, "") is None:
-            return text
-    no_attn = dict(args, attention_weights=torch.ones_like(args["attention_weights"]))
-    if mismatch(got, forward_fp64(no_attn), dtype, "") is None:
-        return "the attention weights are missing: each sample is scaled by its weight"
-    return ("compare one level at a time (set the other levels' attention weights to 0) to "
-            "find where it goes wrong")
+    """Name the usual mistake when ``got`` equals the forward of a wrong convention (the
+    diagnosis lives in ``autograde.checks.diagnose``)."""
+    from . import diagnose
+    return diagnose.forward_hint(got, args, dtype)

@@ -1,83 +1,251 @@
-"""Hidden checks of lab 01 (the spec): corner weights, one bilinear sample, naive MSDA."""
+"""Checks of lab 01 (the spec), visible and hidden alike: the pixel coordinate and the corner
+weights, one bilinear sample, MSDA as loops.
+
+A visible check passes a shown ``seed``; a hidden check draws a fresh one.  Every wrong answer
+is compared with the usual mistakes (:mod:`diagnose`: the half pixel, align_corners, x/y
+swapped, truncation instead of floor, a corner off the map that is read, H and W swapped, a
+missing level start, missing attention weights, the heads' layout) and the one that matches
+is named; expected values exist only when the check judges (``common.expect``).
+"""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from source_kernels import reference
 from source_kernels.inputs import make_inputs
-from source_kernels.testing import assert_close_explained, explain_mismatch
 
-from .common import forbid_references, fresh_generator
+from .common import expect, forbid_references, fresh_generator, judging
 
 CORNERS = ("(y0, x0) top-left", "(y0, x1) top-right", "(y1, x0) bottom-left",
            "(y1, x1) bottom-right")
 
 
-def check_corner_weights(bilinear_corner_weights):
-    gen = fresh_generator()
-    seed = gen.initial_seed()
-    points = (torch.rand(40, 2, generator=gen, dtype=torch.float64) * 12 - 3).tolist()
-    points += [[2.0, 3.0], [-0.5, -0.5], [0.0, 4.75], [-1.25, 0.5]]   # integers, negatives
-    for x_im, y_im in points:
-        expected = reference.bilinear_corner_weights(x_im, y_im)
-        with forbid_references(bilinear_corner_weights):
-            got = bilinear_corner_weights(x_im, y_im)
-        got = list(got)
-        if len(got) != 4:
-            raise AssertionError(f"at pixel coordinate ({x_im:.4f}, {y_im:.4f}): expected 4 "
-                                 f"corners, got {len(got)} (hidden check, seed {seed})")
-        for name, (row, col, weight), (erow, ecol, eweight) in zip(CORNERS, got, expected):
-            if (int(row), int(col)) != (erow, ecol):
-                raise AssertionError(
-                    f"corner {name} of pixel coordinate ({x_im:.4f}, {y_im:.4f}): expected "
-                    f"(row, col) = ({erow}, {ecol}), got ({row}, {col}) (hidden check, "
-                    f"seed {seed}). Use math.floor, not int(): int() rounds -0.5 up to 0.")
-            if not math.isclose(float(weight), eweight, rel_tol=1e-9, abs_tol=1e-12):
-                raise AssertionError(
-                    f"corner {name} of pixel coordinate ({x_im:.4f}, {y_im:.4f}): expected "
-                    f"weight {eweight:.6f}, got {float(weight):.6f} (hidden check, seed {seed})")
+def _tag(gen, seed):
+    return f"seed {seed}" if seed is not None else f"hidden check, seed {gen.initial_seed()}"
 
 
-def check_bilinear_sample(bilinear_sample_naive):
-    gen = fresh_generator()
-    seed = gen.initial_seed()
-    for height, width, channels in ((4, 6, 3), (1, 3, 2), (5, 1, 1)):
+def _passed(text):
+    if judging():
+        from . import diagnose
+        diagnose.passed(text)
+
+
+def _reference(name, *args):
+    from source_kernels import reference
+    return getattr(reference, name)(*args)
+
+
+# ---------------------------------------------------------------------- 1. corners
+def check_corner_weights(pixel_coordinate, bilinear_corner_weights, seed=None):
+    """``pixel_coordinate(x, size)`` on the borders, a pixel centre and random locations;
+    ``bilinear_corner_weights(x_im, y_im)`` on integers, negatives and random coordinates."""
+    gen = fresh_generator(seed)
+    tag = _tag(gen, seed)
+    coordinates = [(0.0, 4), (0.125, 4), (1.0, 4), (0.5, 5), (0.3, 1)]
+    coordinates += [(float(x), int(n)) for x, n in
+                    zip(torch.rand(8, generator=gen, dtype=torch.float64) * 1.4 - 0.2,
+                        torch.randint(1, 200, (8,), generator=gen))]
+    points = [(1.3, 0.6), (0.0, 0.0), (2.0, 3.0), (-0.5, 2.25), (3.0, -1.0), (-1.75, -0.2),
+              (-0.3, 0.7)]
+    points += (torch.rand(20, 2, generator=gen, dtype=torch.float64) * 10 - 3).tolist()
+    with forbid_references(pixel_coordinate, bilinear_corner_weights):
+        pixels = [pixel_coordinate(x, n) for x, n in coordinates]
+        corners = [bilinear_corner_weights(x_im, y_im) for x_im, y_im in points]
+    if not judging():
+        return
+    _judge_pixels(pixels, coordinates, tag)
+    for (x_im, y_im), got in zip(points, corners):
+        _judge_corners(got, x_im, y_im, tag)
+    _passed(f"pixel_coordinate ({len(coordinates)} locations) and bilinear_corner_weights "
+            f"({len(points)} pixel coordinates, negatives included): all right ({tag})")
+
+
+def _judge_pixels(pixels, coordinates, tag):
+    from . import diagnose
+    for (x, n), got in zip(coordinates, pixels):
+        expected = _reference("pixel_coordinate", x, n)
+        try:
+            ok = math.isclose(float(got), expected, rel_tol=1e-12, abs_tol=1e-12)
+        except (TypeError, ValueError):
+            raise AssertionError(f"pixel_coordinate({x:.6g}, {n}) ({tag}): expected a float, got "
+                                 f"{type(got).__name__}") from None
+        if not ok:
+            xs = torch.tensor([c[0] for c in coordinates], dtype=torch.float64)
+            ns = torch.tensor([c[1] for c in coordinates], dtype=torch.float64)
+            hint = diagnose.name_coordinate_mistake(
+                torch.tensor([float(p) for p in pixels], dtype=torch.float64), xs, ns, 1e-9)
+            raise AssertionError(f"pixel_coordinate({x:.6g}, {n}) ({tag}): expected {expected:.6g}, "
+                                 f"got {float(got):.6g}\nHint: "
+                                 + (hint or "the pixel coordinate is x * size - 0.5"))
+
+
+def _judge_corners(got, x_im, y_im, tag):
+    from . import diagnose
+    expected = _reference("bilinear_corner_weights", x_im, y_im)
+    where = f"bilinear_corner_weights({x_im:.6g}, {y_im:.6g}) ({tag})"
+    got = list(got)
+    if len(got) != 4:
+        raise AssertionError(f"{where}: expected a list of 4 corners (row, col, weight), got "
+                             f"{len(got)}")
+    got = [(int(r), int(c), float(w)) for r, c, w in got]
+    total = sum(w for _, _, w in got)
+    for name, (row, col, weight), (e_row, e_col, e_weight) in zip(CORNERS, got, expected):
+        if (row, col) != (e_row, e_col):
+            x0, y0 = math.floor(x_im), math.floor(y_im)
+            cells = [(r, c) for r, c, _ in got]
+            if cells == [(x0 + ox, y0 + oy) for oy, ox in diagnose.OFFSETS] or \
+                    cells == [(x0 + oy, y0 + ox) for oy, ox in diagnose.OFFSETS]:
+                hint = ("row and column are swapped: a corner is (row, col) = (y, x); x_im "
+                        "gives the column, y_im the row")
+            elif cells == [(math.trunc(y_im) + oy, math.trunc(x_im) + ox)
+                           for oy, ox in diagnose.OFFSETS]:
+                hint = diagnose.TRUNCATION
+            elif sorted(cells) == sorted((e[0], e[1]) for e in expected):
+                hint = "the order is (y0, x0), (y0, x1), (y1, x0), (y1, x1)"
+            else:
+                hint = "x0 = floor(x_im), y0 = floor(y_im), and x1 = x0 + 1, y1 = y0 + 1"
+            raise AssertionError(f"{where}: corner {name}: expected (row, col) = ({e_row}, "
+                                 f"{e_col}), got ({row}, {col})\nHint: {hint}")
+        if not math.isclose(weight, e_weight, rel_tol=1e-9, abs_tol=1e-12):
+            dx, dy = x_im - math.floor(x_im), y_im - math.floor(y_im)
+            near = [(1 - dy) * (1 - dx), (1 - dy) * dx, dy * (1 - dx), dy * dx][::-1]
+            if all(math.isclose(w, n, abs_tol=1e-9) for (_, _, w), n in zip(got, near)):
+                hint = diagnose.NEAR_WEIGHTS
+            elif not math.isclose(total, 1.0, abs_tol=1e-9):
+                hint = (f"your four weights sum to {total:.4f}, not 1: each is the area of the "
+                        "rectangle opposite its corner, (1 - dy)(1 - dx), (1 - dy) dx, "
+                        "dy (1 - dx), dy dx")
+            else:
+                hint = "dx = x_im - x0 weighs the right column x1, 1 - dx the left column x0"
+            raise AssertionError(f"{where}: corner {name}: expected weight {e_weight:.6f}, got "
+                                 f"{weight:.6f}\nHint: {hint}")
+
+
+# ---------------------------------------------------------------------- 2. one sample
+def _as_msda(image, points):
+    """Samples of an (H, W, D) image at N points as the operator's five arguments
+    (B = M = L = K = 1, Q = N)."""
+    height, width, channels = image.shape
+    n = len(points)
+    return (image.double().reshape(1, height * width, 1, channels), torch.tensor([[height, width]]),
+            torch.tensor([0]), torch.tensor(points, dtype=torch.float64).reshape(1, n, 1, 1, 1, 2),
+            torch.ones(1, n, 1, 1, 1, dtype=torch.float64))
+
+
+def check_bilinear_sample(bilinear_sample_naive, seed=None):
+    """Samples at a pixel centre, between four centres, the map's corners and edges,
+    outside, and random locations; 1-pixel-wide and 1-pixel-high maps; the dtype."""
+    gen = fresh_generator(seed)
+    tag = _tag(gen, seed)
+    fixed = torch.arange(3 * 4 * 2, dtype=torch.float64).reshape(3, 4, 2)
+    cases = [(fixed, [(2.5 / 4, 1.5 / 3), (1.0 / 4, 1.0 / 3), (0.0, 0.0), (1.0, 1.0), (1.0, 0.5),
+                      (-0.1, 0.5), (0.5, 1.1), (0.02, 0.98)])]
+    for height, width, channels in ((5, 6, 3), (1, 3, 2), (4, 1, 1)):
         image = torch.randn(height, width, channels, generator=gen, dtype=torch.float64)
-        points = (torch.rand(12, 2, generator=gen, dtype=torch.float64) * 1.4 - 0.2).tolist()
-        points += [[0.0, 0.0], [1.0, 1.0], [0.5 / width, 0.5 / height]]   # edges, a centre
-        for x, y in points:
-            expected = reference.bilinear_sample_naive(image, x, y)
-            with forbid_references(bilinear_sample_naive):
-                got = bilinear_sample_naive(image.clone(), x, y)
-            message = explain_mismatch(got, expected, atol=1e-12, rtol=1e-9, axes=("channel",),
-                                       what=f"sample of a {height}x{width} map at (x, y) = "
-                                            f"({x:.4f}, {y:.4f})")
-            if message is not None:
-                raise AssertionError(message + f" (hidden check, seed {seed})")
+        loc = (torch.rand(10, 2, generator=gen, dtype=torch.float64) * 1.4 - 0.2).tolist()
+        cases.append((image, [tuple(p) for p in loc] + [(0.0, 0.0), (1.0, 1.0)]))
+    results = []
+    with forbid_references(bilinear_sample_naive):
+        for image, points in cases:
+            for x, y in points:
+                try:
+                    got = bilinear_sample_naive(image.clone(), x, y)
+                except IndexError as exc:
+                    height, width, _ = image.shape
+                    off = _off_map(x, y, height, width)
+                    raise AssertionError(
+                        f"bilinear_sample_naive on a {height}x{width} map at (x, y) = ({x:.4f}, "
+                        f"{y:.4f}) ({tag}) raised IndexError: {exc}\nHint: a corner off the map "
+                        f"was indexed ({off}): add a corner only when 0 <= row < H and "
+                        "0 <= col < W (row H and column W are one past the last)") from None
+                results.append((image, x, y, got))
+    if not judging():
+        return
+    for index, (image, x, y, got) in enumerate(results):
+        same = [r for r in results if r[0] is image]
+        _judge_sample(image, x, y, got, tag, same)
+    _passed(f"bilinear_sample_naive: {len(results)} samples of 4 maps (centres, borders, outside, "
+            f"random) match the spec ({tag})")
 
 
-def check_msda_naive(msda_naive):
-    gen = fresh_generator()
-    seed = gen.initial_seed()
-    cases = (dict(batch=2, queries=3, heads=2, channels=3, spatial_shapes=[[4, 5], [2, 3], [1, 1]],
-                  points=2, dtype=torch.float64),
-             dict(batch=1, queries=2, heads=1, channels=2, spatial_shapes=[[3, 2]], points=3,
-                  dtype=torch.float32))
-    for case in cases:
-        inputs = make_inputs(case["batch"], case["queries"], case["heads"], case["channels"],
-                             case["spatial_shapes"], case["points"], dtype=case["dtype"],
-                             seed=int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen)),
-                             outside=0.1)
-        expected = reference.msda_naive(*inputs.values())
-        with forbid_references(msda_naive):
-            got = msda_naive(*(t.clone() for t in inputs.values()))
-        if isinstance(got, torch.Tensor) and got.dtype != expected.dtype:
-            raise AssertionError(f"msda_naive: expected the dtype of value ({expected.dtype}), "
-                                 f"got {got.dtype} (hidden check, seed {seed})")
-        tol = dict(atol=1e-10, rtol=1e-8) if case["dtype"] == torch.float64 else \
-            dict(atol=1e-5, rtol=1e-5)
-        assert_close_explained(got, expected, axes=("batch", "query", "head*D + channel"),
-                               what=f"msda_naive with {len(case['spatial_shapes'])} level(s) "
-                                    f"(hidden check, seed {seed})", **tol)
+def _off_map(x, y, height, width):
+    from . import diagnose
+    return "; ".join(diagnose.describe_corners(x, y, height, width)) or "none"
+
+
+def _judge_sample(image, x, y, got, tag, same):
+    """Compare one sample; on a mismatch, diagnose with every sample of the same image
+    (one point alone is often explained by several mistakes)."""
+    from source_kernels.testing import explain_mismatch
+
+    from . import diagnose
+    height, width, _ = image.shape
+    what = f"bilinear_sample_naive on a {height}x{width} map at (x, y) = ({x:.4f}, {y:.4f}) ({tag})"
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{what}: expected a (D,) tensor, got {type(got).__name__}")
+    if got.dtype != image.dtype:
+        raise AssertionError(f"{what}: expected the dtype of image, {image.dtype}, got {got.dtype}")
+    expected = _reference("bilinear_sample_naive", image, x, y)
+    message = explain_mismatch(got, expected, atol=1e-12, rtol=1e-9, axes=("channel",), what=what)
+    if message is None:
+        return
+    points = [(px, py) for _, px, py, _ in same]
+    stacked = [g for _, _, _, g in same]
+    hint = None
+    if all(isinstance(g, torch.Tensor) and g.shape == got.shape for g in stacked):
+        position = next(i for i, (_, px, py, _) in enumerate(same) if (px, py) == (x, y))
+        hint = diagnose.output_hint(torch.stack(stacked).double().reshape(1, len(same), -1),
+                                    _as_msda(image, points), 1e-9, (0, position, 0), image=True)
+    if hint is None:
+        lines = []
+        for name, row, col, inside in diagnose.corners_of(x, y, height, width):
+            lines.append(f"  corner {name}: (row {row}, col {col}), "
+                         + ("inside" if inside else "OFF the map: it must add nothing"))
+        hint = "the corners of this sample:\n" + "\n".join(lines)
+    raise AssertionError(f"{message}\nHint: {hint}")
+
+
+# ---------------------------------------------------------------------- 3. MSDA as loops
+def check_msda_naive(msda_naive, seed=None):
+    """One level, one head, one point; three levels, two heads, batch 2 with locations
+    outside; float32 in, float32 out."""
+    gen = fresh_generator(seed)
+    tag = _tag(gen, seed)
+    cases = [("one level, one head, one point", (1, 2, 1, 3, [[3, 4]], 1), torch.float64, 0.05),
+             ("3 levels, 2 heads, 2 points, batch 2", (2, 3, 2, 3, [[4, 5], [2, 3], [1, 2]], 2),
+              torch.float64, 0.1),
+             ("float32, 2 levels", (1, 2, 2, 2, [[3, 3], [2, 2]], 2), torch.float32, 0.05)]
+    results = []
+    with forbid_references(msda_naive):
+        for description, shape, dtype, outside in cases:
+            args = make_inputs(*shape, dtype=dtype, outside=outside,
+                               seed=int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen)))
+            results.append((description, args, msda_naive(*(t.clone() for t in args.values()))))
+    if not judging():
+        return
+    for description, args, got in results:
+        _judge_msda(description, args, got, tag)
+    _passed(f"msda_naive: {'; '.join(c[0] for c in cases)}: all match the spec ({tag})")
+
+
+def _judge_msda(description, args, got, tag):
+    from . import diagnose
+    what = f"msda_naive, {description} ({tag})"
+    dtype = args["value"].dtype
+    if isinstance(got, torch.Tensor) and got.dtype != dtype:
+        raise AssertionError(f"{what}: expected the dtype of value, {dtype}, got {got.dtype}"
+                             "\nHint: accumulate in float64, then .to(value.dtype)")
+    expected = _reference("msda_naive", *args.values())
+    atol = 1e-10 if dtype == torch.float64 else 1e-5
+    heads = args["value"].shape[2]
+    message = diagnose.output_mismatch(got, expected, atol, what, heads)
+    if message is None:
+        return
+    hint = None
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+        hint = diagnose.output_hint(got.double(), args, atol,
+                                    diagnose.worst_index(got, expected))
+    raise AssertionError(message + "\nHint: " + (hint or (
+        "no usual mistake matches: print one sample of yours and of the spec "
+        "(source_kernels.chips.lab01.msda_naive) for one (batch, query, head) and one level")))

@@ -1,81 +1,378 @@
-"""Hidden checks of lab 04 (hello Triton): each wrapper must launch a Triton kernel of its
-own and match torch on fresh inputs, small enough for the CPU interpreter."""
+"""Checks of lab 04 (hello Triton), visible and hidden alike.
+
+Each check takes the stage's kernel and its host wrapper.  It first launches the kernel itself
+on the check's inputs through :mod:`guard` (padded copies; under the interpreter every access
+is checked), so that a read or write outside a tensor is reported with its kernel line and the
+mask hint instead of crashing the notebook; then it calls the wrapper (watched the same way),
+demands that it launched a Triton kernel, and compares with torch.  A visible check passes a
+shown ``seed``; a hidden check draws a fresh one.  Expected values and the diagnosis exist only
+when the check judges (``common.expect``), never inside the grading kernel.
+"""
 from __future__ import annotations
 
 import torch
 
-from source_kernels import reference
-from source_kernels.testing import assert_close_explained
+from . import guard
+from .common import count_kernel_launches, expect, forbid_references, fresh_generator, \
+    judging, kernel_device
 
-from .common import count_kernel_launches, forbid_references, fresh_generator, kernel_device
+MASK_HINT = "mask = offs < n on the loads and on the store: the last block sticks out past n"
 
 
-def _run(fn, *args):
-    """Call ``fn`` on the kernels' device with the references forbidden; demand at least one
-    kernel launch.  Returns the result on the CPU."""
+def _tag(gen, seed):
+    return f"seed {seed}" if seed is not None else f"hidden check, seed {gen.initial_seed()}"
+
+
+def _on_device(*tensors):
     device = kernel_device()
-    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-    with forbid_references(fn), count_kernel_launches() as launches:
+    return [t.to(device) for t in tensors]
+
+
+def _wrapper(fn, *args):
+    """Call the student's wrapper with every kernel access checked; demand a launch.  (A
+    recorded session of its own: while the grading kernel records, a kernel passed to the
+    same session would be launched past the launch counter.)"""
+    with forbid_references(fn), count_kernel_launches() as launches, \
+            guard.watch() as report:
         got = fn(*args)
     if launches.count == 0:
         raise AssertionError(f"{fn.__name__} launched no Triton kernel: the work has to be "
                              "done by your @triton.jit kernel, not by torch")
-    return got.cpu() if isinstance(got, torch.Tensor) else got
+    return got, report
 
 
-def check_vector_add(vector_add):
-    gen = fresh_generator()
-    seed = gen.initial_seed()
-    for n in (1, 127, 1000):
-        x = torch.randn(n, generator=gen)
-        y = torch.randn(n, generator=gen)
-        got = _run(vector_add, x, y)
-        assert_close_explained(got, x + y, atol=0, rtol=0, axes=("element",),
-                               what=f"vector_add of {n} elements (hidden check, seed {seed})",
-                               hint="mask the last block: offs < n")
+def _mismatch(got, expected, what, axes, atol=0.0, rtol=0.0):
+    from source_kernels.testing import explain_mismatch
+    if not isinstance(got, torch.Tensor):
+        return f"{what}: expected a torch.Tensor, got {type(got).__name__}"
+    return explain_mismatch(got.detach().cpu(), expected, atol=atol, rtol=rtol, axes=axes,
+                            what=what)
 
 
-def check_copy_2d(copy_2d):
-    gen = fresh_generator()
-    seed = gen.initial_seed()
-    base = torch.randn(23, 41, generator=gen)
-    for name, src in (("a contiguous (23, 41)", base), ("a transposed (41, 23)", base.t()),
-                      ("a strided slice", base[1::2, ::3]), ("a (1, 5)", base[:1, :5])):
-        got = _run(copy_2d, src)
-        if tuple(got.shape) != tuple(src.shape) or not got.is_contiguous():
-            raise AssertionError(f"copy_2d of {name} tensor: expected a contiguous tensor of "
-                                 f"shape {tuple(src.shape)}, got shape {tuple(got.shape)}, "
-                                 f"contiguous={got.is_contiguous()} (hidden check, seed {seed})")
-        assert_close_explained(got, src.contiguous(), atol=0, rtol=0, axes=("row", "column"),
-                               what=f"copy_2d of {name} tensor (hidden check, seed {seed})",
-                               hint="use the source's own strides, src.stride(0) and src.stride(1)")
+def _no_other_hint(report):
+    """A sentence naming the loads without other= when NaN reached an output."""
+    lines = [e.line for e in report.loads_without_other.values() if e.line]
+    if not lines:
+        return None
+    return ("a masked tl.load without other= leaves its masked lanes undefined (on a GPU "
+            "they hold whatever the register held; the check fills them with NaN), and "
+            f"those lanes reach your output: give other=0.0 at {lines[0]}")
 
 
-def check_gather_rows(gather_rows):
-    gen = fresh_generator()
-    seed = gen.initial_seed()
-    for n_rows, channels, n_index in ((30, 8, 37), (5, 3, 9), (64, 32, 16)):
+def _mask_hint(report, n_name="n", offs="offs"):
+    """The mask hint for the guard's first violation."""
+    v = report.first
+    reads = any(x.kind == "read" for x in report.violations)
+    writes = any(x.kind == "write" for x in report.violations)
+    if v is not None and v.offset == v.numel and v.lanes == 1:
+        return (f"exactly one lane reaches element {v.numel}, one past the end: the mask must "
+                f"be {offs} < {n_name}, not {offs} <= {n_name}")
+    if reads and not writes:
+        return (f"the loads are not masked (or not by {offs} < {n_name}): mask them too, "
+                f"tl.load(ptr + {offs}, mask=mask); masking only the store does not stop a read")
+    if writes and not reads:
+        return f"the store is not masked: tl.store(ptr + {offs}, value, mask=mask)"
+    return MASK_HINT
+
+
+# ---------------------------------------------------------------------- 1. vector add
+def check_vector_add(add_kernel, vector_add, seed=None):
+    """``add_kernel`` on the check's own grid, then ``vector_add`` against ``x + y``, for
+    sizes that are not a multiple of the block, smaller than one block, and exactly one."""
+    import triton
+
+    gen = fresh_generator(seed)
+    tag = _tag(gen, seed)
+    sizes = [1, 128, 1000] + [int(v) for v in torch.randint(2, 700, (2,), generator=gen)]
+    for n in sizes:
+        x, y = _on_device(torch.randn(n, generator=gen), torch.randn(n, generator=gen))
+        what = f"vector_add, {n} elements ({tag})"
+        with forbid_references(add_kernel):
+            report = guard.launch(add_kernel, (triton.cdiv(n, 128),), x, y, torch.empty_like(x),
+                                  n, BLOCK=128)
+        report.check(f"add_kernel on {n} elements in blocks of 128 ({tag})", _mask_hint(report))
+        got, watched = _wrapper(vector_add, x, y)
+        watched.check(what, _mask_hint(watched))
+        expected = expect(torch.add, x.cpu(), y.cpu())
+        if expected is None:
+            continue
+        message = _mismatch(got, expected, what, ("element",))
+        if message is not None:
+            raise AssertionError(message + _vector_hint(got, expected, x, y))
+    if judging():
+        from . import diagnose
+        diagnose.passed(f"add_kernel and vector_add: {len(sizes)} sizes ({', '.join(map(str, sizes))}) "
+                        f"match x + y, no access outside the tensors ({tag})")
+
+
+def _vector_hint(got, expected, x, y):
+    got = got.detach().cpu()
+    if got.shape != expected.shape:
+        return "\nHint: the output has the shape of x: torch.empty_like(x)"
+    bad = (got != expected).nonzero().flatten()
+    first = int(bad[0])
+    if first % 128 == 0 and len(bad) == len(got) - first:
+        written = f"elements 0 to {first - 1} are right, " if first else ""
+        return (f"\nHint: {written}elements {first} to {len(got) - 1} were never written (they "
+                "hold what torch.empty left there): the grid has too few programs for the last, "
+                "partial block; launch triton.cdiv(n, BLOCK) of them")
+    if torch.equal(got, x.cpu()) or torch.equal(got, y.cpu()):
+        return "\nHint: the output is one of the inputs: store x + y"
+    return ""
+
+
+# ---------------------------------------------------------------------- 2. 2-D copy
+def check_copy_2d(copy_tile_kernel, copy_2d, seed=None):
+    """``copy_tile_kernel`` and ``copy_2d`` on views of a tensor whose every element holds
+    its own offset, so a wrong value says where it was read from."""
+    import triton
+
+    gen = fresh_generator(seed)
+    tag = _tag(gen, seed)
+    rows, cols = (int(v) for v in torch.randint(17, 40, (2,), generator=gen))
+    base, = _on_device(torch.arange(rows * cols, dtype=torch.float32).reshape(rows, cols))
+    step = int(torch.randint(2, 4, (1,), generator=gen))
+    views = [(f"a contiguous ({rows}, {cols})", base), (f"a transposed ({cols}, {rows})", base.t()),
+             (f"the slice [1::2, ::{step}]", base[1::2, ::step]),
+             ("a single row [5:6, 3:]", base[5:6, 3:])]
+    for name, src in views:
+        what = f"copy_2d of {name} tensor, strides {tuple(src.stride())} ({tag})"
+        r, c = src.shape
+        dst = torch.empty((r, c), dtype=src.dtype, device=src.device)
+        with forbid_references(copy_tile_kernel), guard.watch() as report:
+            copy_tile_kernel[(triton.cdiv(r, 16), triton.cdiv(c, 16))](
+                src, dst, r, c, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
+                BLOCK_R=16, BLOCK_C=16)
+        report.check(f"copy_tile_kernel on {name} tensor ({tag})",
+                     "mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :] on the load "
+                     "and the store: a tile of 16 x 16 sticks out of the tensor")
+        got, watched = _wrapper(copy_2d, src)
+        watched.check(what, "mask every access of the tile by its rows and its columns")
+        expected = expect(lambda t: t.detach().cpu().contiguous(), src)
+        if expected is None:
+            continue
+        if isinstance(got, torch.Tensor) and (tuple(got.shape) != tuple(src.shape)
+                                              or not got.is_contiguous()):
+            raise AssertionError(f"{what}: expected a contiguous tensor of shape "
+                                 f"{tuple(src.shape)}, got shape {tuple(got.shape)}, "
+                                 f"contiguous={got.is_contiguous()}")
+        message = _mismatch(got, expected, what, ("row", "column"))
+        if message is not None:
+            raise AssertionError(message + _copy_hint(got, src))
+    if judging():
+        from . import diagnose
+        diagnose.passed(f"copy_tile_kernel and copy_2d: {len(views)} views (contiguous, "
+                        f"transposed, strided slice, one row) copied exactly ({tag})")
+
+
+def _copy_hint(got, src):
+    """The element values are offsets in the base tensor: say where the wrong one was read."""
+    got = got.detach().cpu()
+    expected = src.detach().cpu().contiguous()
+    bad = (got != expected).nonzero()
+    r, c = (int(v) for v in bad[0])
+    read = got[r, c].item()
+    s0, s1 = src.stride()
+    start = src.storage_offset()
+    rows, cols = src.shape
+    right = start + r * s0 + c * s1
+    text = (f"\nHint: the values are offsets into the base tensor, so element (row {r}, "
+            f"column {c}) was read from offset {read:g}; it lives at {start} + {r}*{s0} + "
+            f"{c}*{s1} = {right}")
+    if read == start + r * cols + c:
+        return text + (": you read as if the source were contiguous (r * C + c); use its own "
+                       "strides, src.stride(0) and src.stride(1)")
+    if read == start + r * s1 + c * s0:
+        return text + ": the two strides are swapped (row stride times r, column stride times c)"
+    return text + ": use the source's strides for the load and the destination's for the store"
+
+
+# ---------------------------------------------------------------------- 3. gather
+def check_gather_rows(gather_rows_kernel, gather_rows, seed=None):
+    """Rows of a table by index, zero for indices outside [0, R): the edges (-1, 0, R - 1,
+    R) always, a channel count that is not a power of two."""
+    import triton
+
+    gen = fresh_generator(seed)
+    tag = _tag(gen, seed)
+    cases = [(10, 4, 7), (50, 12, 40)]
+    cases.append((int(torch.randint(20, 70, (1,), generator=gen)),
+                  int(torch.randint(1, 33, (1,), generator=gen)),
+                  int(torch.randint(9, 40, (1,), generator=gen))))
+    for n_rows, channels, n in cases:
         table = torch.randn(n_rows, channels, generator=gen)
-        index = torch.randint(-2, n_rows + 2, (n_index,), generator=gen)   # some out of range
-        inside = (index >= 0) & (index < n_rows)
-        expected = torch.where(inside[:, None], table[index.clamp(0, n_rows - 1)],
-                               torch.zeros((), dtype=table.dtype))
-        got = _run(gather_rows, table, index)
-        assert_close_explained(got, expected, atol=0, rtol=0, axes=("output row", "channel"),
-                               what=f"gather_rows of {n_index} rows from a ({n_rows}, {channels}) "
-                                    f"table (hidden check, seed {seed})",
-                               hint="rows outside [0, R) must read as zeros")
+        index = torch.randint(-3, n_rows + 3, (n,), generator=gen)
+        index[:4] = torch.tensor([n_rows - 1, n_rows, -1, 0])[:n]      # the edges, always
+        table, index = _on_device(table, index)
+        what = f"gather_rows of {n} rows from a ({n_rows}, {channels}) table ({tag})"
+        block_d = triton.next_power_of_2(channels)
+        with forbid_references(gather_rows_kernel):
+            report = guard.launch(gather_rows_kernel, (triton.cdiv(n, 16),), table, index,
+                                  torch.empty(n, channels, device=table.device), n, n_rows,
+                                  channels, BLOCK_I=16, BLOCK_D=block_d)
+        report.check(f"gather_rows_kernel, {n} rows from a ({n_rows}, {channels}) table "
+                     f"({tag})", _gather_hint(report, index, n_rows))
+        got, watched = _wrapper(gather_rows, table, index)
+        watched.check(what, _gather_hint(watched, index, n_rows))
+        expected = expect(_expected_gather, table, index)
+        if expected is None:
+            continue
+        message = _mismatch(got, expected, what, ("output row", "channel"))
+        if message is not None:
+            raise AssertionError(message + _gather_value_hint(got, expected, index, n_rows,
+                                                              watched))
+    if judging():
+        from . import diagnose
+        diagnose.passed(f"gather_rows_kernel and gather_rows: {len(cases)} tables, indices "
+                        f"-3 .. R + 2 (outside rows read as zeros), no access outside ({tag})")
 
 
-def check_bilinear(bilinear_sample_triton):
-    gen = fresh_generator()
-    seed = gen.initial_seed()
-    for height, width, channels, n in ((5, 7, 4, 21), (1, 3, 3, 10), (6, 2, 1, 5)):
+def _expected_gather(table, index):
+    table, index = table.cpu(), index.cpu()
+    n_rows = table.shape[0]
+    inside = (index >= 0) & (index < n_rows)
+    return torch.where(inside[:, None], table[index.clamp(0, n_rows - 1)],
+                       torch.zeros((), dtype=table.dtype))
+
+
+def _gather_hint(report, index, n_rows):
+    v = report.first
+    if v is None:
+        return None
+    if v.kind == "read" and v.offset < 0:
+        return ("a negative index was read: a row is valid only when 0 <= idx < n_rows; put "
+                "that in the load's mask (valid[:, None] & mask_d[None, :])")
+    if v.kind == "read" and "index" in v.tensor:
+        return "the index load needs mask=mask_i (the last block of output rows sticks out)"
+    if v.kind == "read":
+        return ("a row at or past n_rows was read: valid = mask_i & (idx >= 0) & (idx < n_rows) "
+                "(not idx <= n_rows), and mask the channels past D with mask_d")
+    return ("the store needs mask_i[:, None] & mask_d[None, :]: the last block of rows and the "
+            "channels past D stick out")
+
+
+def _gather_value_hint(got, expected, index, n_rows, report):
+    got = got.detach().cpu()
+    index = index.cpu()
+    if got.shape != expected.shape:
+        return "\nHint: the output is (N, D): one row of D channels per index"
+    bad = (got != expected) & ~(torch.isnan(got) & torch.isnan(expected))
+    row = int(bad.any(1).nonzero()[0])
+    outside = not (0 <= int(index[row]) < n_rows)
+    if torch.isnan(got[row]).any():
+        hint = _no_other_hint(report)
+        if hint:
+            return f"\nHint: output row {row} (index {int(index[row])}) is NaN: {hint}"
+    if outside:
+        return (f"\nHint: output row {row} has index {int(index[row])}, outside [0, {n_rows}): "
+                "it must be zeros (a masked load with other=0.0)")
+    return (f"\nHint: output row {row} has index {int(index[row])}: it is table row "
+            f"{int(index[row])}; the row starts at idx * D")
+
+
+# ---------------------------------------------------------------------- 4. bilinear
+def check_bilinear(bilinear_kernel, bilinear_sample_triton, seed=None):
+    """Bilinear samples of (H, W, D) images at hand-picked points (a pixel centre, between
+    four centres, the map's corners and edges, outside) and random ones, against lab 01's spec."""
+    import triton
+
+    gen = fresh_generator(seed)
+    tag = _tag(gen, seed)
+    picked = torch.tensor([[2.5 / 4, 1.5 / 3], [0.25, 1 / 3], [0.0, 0.0], [1.0, 1.0],
+                           [1.0, 0.5], [0.5, 1.0], [-0.2, 0.5], [0.5, 1.2], [0.02, 0.98]])
+    cases = [("hand-picked points", torch.arange(3 * 4 * 2, dtype=torch.float32).reshape(3, 4, 2),
+              picked)]
+    for height, width, channels, n in ((5, 7, 3, 21), (1, 4, 1, 9), (6, 2, 5, 20)):
         image = torch.randn(height, width, channels, generator=gen)
         loc = torch.rand(n, 2, generator=gen) * 1.3 - 0.15
-        expected = torch.stack([reference.bilinear_sample_naive(image.double(), float(x), float(y))
-                                for x, y in loc.tolist()]).float()
-        got = _run(bilinear_sample_triton, image, loc)
-        assert_close_explained(got, expected, atol=1e-5, rtol=1e-5, axes=("point", "channel"),
-                               what=f"bilinear samples of a {height}x{width}x{channels} image "
-                                    f"(hidden check, seed {seed})")
+        cases.append((f"random points, a {height}x{width}x{channels} image", image, loc))
+    for name, image, loc in cases:
+        image, loc = _on_device(image, loc)
+        height, width, channels = image.shape
+        n = loc.shape[0]
+        what = f"bilinear samples, {name} ({tag})"
+        out = torch.empty(n, channels, device=image.device)
+        with forbid_references(bilinear_kernel):
+            report = guard.launch(bilinear_kernel, (triton.cdiv(n, 16),), image, loc, out, n,
+                                  height, width, channels, BLOCK_N=16,
+                                  BLOCK_D=triton.next_power_of_2(channels))
+        report.check(f"bilinear_kernel, {name} ({tag})",
+                     _bilinear_guard_hint(report, image, loc, 16))
+        got, watched = _wrapper(bilinear_sample_triton, image, loc)
+        watched.check(what, _bilinear_guard_hint(watched, image, loc, None))
+        expected = expect(_expected_bilinear, image, loc)
+        if expected is None:
+            continue
+        message = _mismatch(got, expected, what, ("point", "channel"), atol=1e-5, rtol=1e-5)
+        if message is not None:
+            raise AssertionError(message + _bilinear_hint(got, expected, image, loc, watched))
+    if judging():
+        from . import diagnose
+        diagnose.passed(f"bilinear_kernel and bilinear_sample_triton: {len(cases)} images, "
+                        f"pixel centres, borders, outside and random points match lab 01's spec "
+                        f"({tag})")
+
+
+def _expected_bilinear(image, loc):
+    from source_kernels import reference
+    image = image.detach().cpu().double()
+    return torch.stack([reference.bilinear_sample_naive(image, float(x), float(y))
+                        for x, y in loc.detach().cpu().tolist()]).float()
+
+
+def _as_msda(image, loc):
+    """One image and N points as the operator's five arguments (B = M = L = K = 1, Q = N)."""
+    height, width, channels = image.shape
+    n = loc.shape[0]
+    return (image.detach().cpu().double().reshape(1, height * width, 1, channels),
+            torch.tensor([[height, width]]), torch.tensor([0]),
+            loc.detach().cpu().double().reshape(1, n, 1, 1, 1, 2),
+            torch.ones(1, n, 1, 1, 1, dtype=torch.float64))
+
+
+def _bilinear_guard_hint(report, image, loc, block_n):
+    """Name the point and the corner behind the first access outside the image."""
+    from . import diagnose
+    v = report.first
+    if v is None:
+        return None
+    if v.kind == "write":
+        return "the store needs mask_n[:, None] & mask_d[None, :]"
+    if "loc" in v.tensor:
+        return "the location loads need mask=mask_n: the last block of points sticks out"
+    height, width, channels = image.shape
+    text = ("mask every corner outside 0 <= r < H, 0 <= c < W in its load (and the points "
+            "past N), with other=0.0: zero padding means a corner off the map is never read")
+    if block_n is None or v.program is None or v.lane is None:
+        return text
+    point = v.program[0] * block_n + v.lane[0]
+    if point >= loc.shape[0]:
+        return "the points past N are read: mask the loads with mask_n"
+    x, y = (float(t) for t in loc[point].tolist())
+    pixel = v.offset // channels
+    for name, row, col, inside in diagnose.corners_of(x, y, height, width):
+        if not inside and row * width + col == pixel:
+            return (f"the read belongs to point {point} at (x, y) = ({x:.4g}, {y:.4g}), corner "
+                    f"{name} at (row {row}, col {col}), off the {height} x {width} map: "
+                    f"{diagnose.bound_hint(row, col, height, width)}; {text}")
+    off = diagnose.describe_corners(x, y, height, width)
+    if off:
+        return (f"point {point} at (x, y) = ({x:.4g}, {y:.4g}) has corners off the {height} x "
+                f"{width} map: {', '.join(off)}; {text}")
+    return text
+
+
+def _bilinear_hint(got, expected, image, loc, report):
+    from . import diagnose
+    got = got.detach().cpu()
+    if got.shape != expected.shape:
+        return "\nHint: the output is (N, D) float32: one row of D channels per point"
+    args = _as_msda(image, loc)
+    flat = got.double().reshape(1, loc.shape[0], -1)
+    if torch.isnan(got).any():
+        hint = _no_other_hint(report)
+        if hint:
+            return f"\nHint: {hint}"
+    index = diagnose.worst_index(flat, expected.double().reshape(flat.shape))
+    hint = diagnose.output_hint(flat, args, 1e-5, index, image=True)
+    return f"\nHint: {hint}" if hint else ""

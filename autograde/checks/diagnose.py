@@ -1,0 +1,450 @@
+"""Name the mistake behind a wrong forward result: recompute the sampling under the usual
+wrong conventions and say which one the student's result matches.
+
+Every check of the forward side (labs 01, 02, 04, 05 and the operator's forward in later
+labs) calls this module *after* it found a mismatch, only when it judges (never inside the
+grading kernel, which holds no reference), and only on results the student's functions
+already returned: the diagnosis never calls the student's code again, so the grader's replay
+of a check diagnoses exactly as the notebook does.
+
+- :func:`sample` is a small fp64 re-implementation of the sampling with every convention a
+  parameter (pixel coordinate, floor, corner bounds, row of a corner, corner weights,
+  attention weights, level starts, output layout);
+- :data:`MISTAKES` lists the usual mistakes as (hint, conventions); :func:`name_mistake`
+  returns the hint of the first one whose result matches the student's;
+- :func:`explain_element` decomposes one wrong output element into its samples and corners
+  and says which corner's contribution is missing or extra (a corner off the map that was
+  read, a corner inside it that was skipped), or that the value is garbage (a read past the
+  tensor);
+- :func:`name_coordinate_mistake` and :func:`name_corner_mistake` do the same for the pixel
+  coordinate and the corner indices of one location (labs 01 and 05).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["CORNERS", "MISTAKES", "sample", "name_mistake", "explain_element", "forward_hint",
+           "coordinate_variants", "name_coordinate_mistake", "garbage", "passed",
+           "describe_corners", "output_hint"]
+
+# the four corners of a bilinear sample, in the order every lab uses
+CORNERS = ("(y0, x0) top-left", "(y0, x1) top-right", "(y1, x0) bottom-left",
+           "(y1, x1) bottom-right")
+OFFSETS = ((0, 0), (0, 1), (1, 0), (1, 1))            # (row, column) offset of each corner
+
+HALF_PIXEL = ("you use x * W instead of x * W - 0.5: every sample sits half a pixel off "
+              "(align_corners=False puts the centre of column j at x = (j + 0.5) / W)")
+ALIGN_CORNERS = ("you use x * (W - 1), the align_corners=True convention; this operator maps "
+                 "x to the pixel coordinate x * W - 0.5")
+XY_SWAPPED = ("x and y are swapped: the last axis of sampling_locations is (x, y), x along "
+              "the width W (columns), y along the height H (rows)")
+TRUNCATION = ("you round the pixel coordinate towards zero (int(), .to(int) or .to(tl.int32) "
+              "without floor): for a coordinate between -1 and 0 that gives corner 0 instead "
+              "of -1; take the floor first (math.floor, tl.floor)")
+ROW_STRIDE_H = ("the row of corner (r, c) inside the level is r * W + c (W columns per row), "
+                "not r * H + c")
+SHAPE_SWAPPED = ("H and W are swapped: spatial_shapes holds (H, W) per level, height first, and a "
+                 "level's H*W rows are H rows of W pixels, (H, W, D) once reshaped")
+NO_ATTENTION = "the attention weights are missing: each sample is scaled by its weight"
+NO_CORNER_WEIGHTS = ("the corner weights are missing: each corner adds its weight "
+                     "(1 - dy)(1 - dx), (1 - dy) dx, dy (1 - dx) or dy dx times its value")
+NEAR_WEIGHTS = ("the corner weights are swapped: a corner's weight is the area of the "
+                "rectangle opposite it, so (y0, x0) gets (1 - dy)(1 - dx), not dy * dx")
+NO_START = ("every level is read from row 0 of S: add the level's first row, "
+            "level_start_index[l], to the corner's row")
+COL_UPPER = ("a corner at column W is read: the test is c < W, not c <= W; that read lands on "
+             "the first pixel of the next row (or past the end of the tensor)")
+ROW_UPPER = ("a corner at row H is read: the test is r < H, not r <= H; that read lands on the "
+             "next level's first rows (or past the end of the tensor)")
+BOTH_UPPER = ("corners at column W and row H are read: the tests are c < W and r < H, not "
+              "c <= W and r <= H")
+COL_LOWER = ("a corner at column -1 is read: test c >= 0 too; that read lands on the last "
+             "pixel of the previous row")
+ROW_LOWER = ("a corner at row -1 is read: test r >= 0 too; that read lands on the previous "
+             "level's last row (or before the start of the tensor)")
+BOTH_LOWER = "corners at row -1 and column -1 are read: test r >= 0 and c >= 0 too"
+NO_MAP_MASK = ("corners off the map are read: a corner adds something only when "
+               "0 <= r < H and 0 <= c < W (zero padding)")
+WRAP_INDEX = ("a corner at row or column -1 is read: in Python and torch, index -1 is the last "
+              "element; test 0 <= row < H and 0 <= col < W before indexing")
+BORDER = ("corners off the map are moved onto the edge: this operator pads with zeros, so a "
+          "corner outside the map adds nothing (no clamping of the index into the map)")
+HEADS_LAYOUT = ("the output's last axis holds the heads side by side, m * D + d (head-major); "
+                "yours is channel-major, d * M + m")
+
+
+def passed(text: str) -> None:
+    """Print what a check verified, in the notebook (not in the grader's replay)."""
+    from autograde import recording
+    if not recording.replaying() and not recording.recording():
+        print(text)
+
+
+# ---------------------------------------------------------------------- the sampler
+def _floor(x):
+    return torch.floor(x)
+
+
+def _trunc(x):
+    return torch.trunc(x)
+
+
+def coordinate_variants():
+    """(hint, f(normalised, size)) for the usual wrong pixel coordinates."""
+    return [(HALF_PIXEL, lambda x, n: x * n),
+            (ALIGN_CORNERS, lambda x, n: x * (n - 1)),
+            ("the half pixel is added, not subtracted: x * W - 0.5, not x * W + 0.5",
+             lambda x, n: x * n + 0.5),
+            ("the half pixel is taken before the scaling: x * W - 0.5, not (x - 0.5) * W",
+             lambda x, n: (x - 0.5) * n)]
+
+
+# which corners a kernel reads, by the bounds it tests (the first is the operator's)
+_ACCEPT = {
+    "map": lambda r, c, h, w: (r >= 0) & (r < h) & (c >= 0) & (c < w),
+    "c_upper": lambda r, c, h, w: (r >= 0) & (r < h) & (c >= 0) & (c <= w),
+    "r_upper": lambda r, c, h, w: (r >= 0) & (r <= h) & (c >= 0) & (c < w),
+    "upper": lambda r, c, h, w: (r >= 0) & (r <= h) & (c >= 0) & (c <= w),
+    "c_lower": lambda r, c, h, w: (r >= 0) & (r < h) & (c < w),
+    "r_lower": lambda r, c, h, w: (r < h) & (c >= 0) & (c < w),
+    "lower": lambda r, c, h, w: (r < h) & (c < w),
+    "all": lambda r, c, h, w: torch.ones_like(r, dtype=torch.bool),
+}
+
+
+def sample(value, shapes, starts, loc, attn, *, coordinate=None, floor=_floor, accept="map",
+           read="flat", row="rW", weights="bilinear", attention=True, flip_xy=False,
+           swap_shapes=False, zero_starts=False, layout="md", terms=False):
+    """MSDA in fp64 on the CPU under the given conventions.
+
+    value (B, S, M, D); shapes (L, 2) (H, W); starts (L,); loc (B, Q, M, L, K, 2) (x, y);
+    attn (B, Q, M, L, K).  Returns (B, Q, M*D), or with ``terms=True`` a dict of the per
+    corner pieces: ``inside`` and ``outside`` (B, Q, M, L, K, 4, D) contributions
+    (attention * corner weight * value row) of corners on and off the map, the corner rows
+    and columns (B, Q, M, L, K, 4) and whether each lies on the map.
+
+    Conventions (defaults are the operator's): ``coordinate(x, n)`` the pixel coordinate;
+    ``floor``; ``accept`` which corners are read: "map" (0 <= r < H, 0 <= c < W), "upper"
+    (r <= H, c <= W), "c_upper" / "r_upper" (one of the two), "lower" (no test for >= 0),
+    "c_lower" / "r_lower", "all"; ``read`` how an accepted corner's value
+    is found: "flat" (row start + r*W + c of S, NaN past the tensor), "wrap" (Python indexing,
+    -1 is the last row), "clamp" (onto the edge); ``row`` "rW" or "rH" (r * H + c);
+    ``weights`` "bilinear", "ones" or "near" (each corner gets the opposite one's weight);
+    ``attention``; ``flip_xy``; ``swap_shapes`` (H and W read the other way round);
+    ``zero_starts`` (every level from row 0); ``layout`` "md" or "dm" (the output's last axis).
+    """
+    coordinate = coordinate or (lambda x, n: x * n - 0.5)
+    value = value.detach().cpu().double()
+    loc = loc.detach().cpu().double()
+    attn = attn.detach().cpu().double()
+    shapes = [tuple(int(v) for v in s) for s in torch.as_tensor(shapes).cpu().tolist()]
+    starts = [int(v) for v in torch.as_tensor(starts).cpu().tolist()]
+    batch, total, heads, channels = value.shape
+    _, queries, _, levels, points, _ = loc.shape
+    if flip_xy:
+        loc = loc.flip(-1)
+    flat_value = value.reshape(-1)
+    numel = flat_value.numel()
+    b_idx = torch.arange(batch).view(batch, 1, 1, 1)              # broadcasts with (B, Q, M, K)
+    m_idx = torch.arange(heads).view(1, 1, heads, 1)
+    d_idx = torch.arange(channels)
+    inside_all, outside_all, rows_all, cols_all, on_map_all = [], [], [], [], []
+    for lvl in range(levels):
+        height, width = shapes[lvl]
+        if swap_shapes:
+            height, width = width, height
+        start = 0 if zero_starts else starts[lvl]
+        x = loc[:, :, :, lvl, :, 0]
+        y = loc[:, :, :, lvl, :, 1]                                 # (B, Q, M, K)
+        x_im = coordinate(x, width)
+        y_im = coordinate(y, height)
+        x0 = floor(x_im)
+        y0 = floor(y_im)
+        dx = x_im - x0
+        dy = y_im - y0
+        pieces_in, pieces_out, rows, cols, on_maps = [], [], [], [], []
+        for (oy, ox) in OFFSETS:
+            r = (y0 + oy).clamp(-1e12, 1e12).long()
+            c = (x0 + ox).clamp(-1e12, 1e12).long()
+            wy = dy if oy else 1 - dy
+            wx = dx if ox else 1 - dx
+            if weights == "ones":
+                w = torch.ones_like(dx)
+            elif weights == "near":
+                w = (1 - wy) * (1 - wx)
+            else:
+                w = wy * wx
+            on_map = (r >= 0) & (r < height) & (c >= 0) & (c < width)
+            taken = _ACCEPT[accept](r, c, height, width)
+            if read == "wrap":
+                rr, cc = r.remainder(height), c.remainder(width)
+                valid = taken & (r >= -height) & (c >= -width)
+                srow = start + rr * width + cc
+            elif read == "clamp":
+                rr, cc = r.clamp(0, height - 1), c.clamp(0, width - 1)
+                valid = taken
+                srow = start + rr * width + cc
+            else:
+                srow = start + (r * height + c if row == "rH" else r * width + c)
+                valid = taken
+            # element offset of value[b, srow, m, 0] in the flat (B, S, M, D) tensor
+            flat = ((b_idx * total + srow) * heads + m_idx) * channels
+            inside_tensor = (flat >= 0) & (flat + channels <= numel)
+            gather = flat.clamp(0, max(numel - channels, 0))[..., None] + d_idx
+            v = flat_value[gather]                                   # (B, Q, M, K, D)
+            v = torch.where(inside_tensor[..., None], v, torch.full_like(v, float("nan")))
+            a = attn[:, :, :, lvl, :] if attention else torch.ones_like(w)
+            term = (a * w)[..., None] * v
+            zero = torch.zeros_like(term)
+            pieces_in.append(torch.where((valid & on_map)[..., None], term, zero))
+            pieces_out.append(torch.where((valid & ~on_map)[..., None], term, zero))
+            rows.append(r)
+            cols.append(c)
+            on_maps.append(on_map)
+        inside_all.append(torch.stack(pieces_in, -2))               # (B, Q, M, K, 4, D)
+        outside_all.append(torch.stack(pieces_out, -2))
+        rows_all.append(torch.stack(rows, -1))
+        cols_all.append(torch.stack(cols, -1))
+        on_map_all.append(torch.stack(on_maps, -1))
+    inside = torch.stack(inside_all, 3)                              # (B, Q, M, L, K, 4, D)
+    outside = torch.stack(outside_all, 3)
+    if terms:
+        return {"inside": inside, "outside": outside, "rows": torch.stack(rows_all, 3),
+                "cols": torch.stack(cols_all, 3), "on_map": torch.stack(on_map_all, 3)}
+    out = (inside + outside).sum(dim=(3, 4, 5))                     # (B, Q, M, D)
+    if layout == "dm":
+        out = out.transpose(-1, -2)
+    return out.reshape(batch, queries, heads * channels)
+
+
+# the usual mistakes of a forward, each as (hint, conventions of ``sample``)
+MISTAKES = [
+    (HALF_PIXEL, dict(coordinate=lambda x, n: x * n)),
+    (ALIGN_CORNERS, dict(coordinate=lambda x, n: x * (n - 1))),
+    (XY_SWAPPED, dict(flip_xy=True)),
+    (TRUNCATION, dict(floor=_trunc)),
+    (ROW_STRIDE_H, dict(row="rH")),
+    (SHAPE_SWAPPED, dict(swap_shapes=True)),
+    (NO_START, dict(zero_starts=True)),
+    (NO_ATTENTION, dict(attention=False)),
+    (NO_CORNER_WEIGHTS, dict(weights="ones")),
+    (NEAR_WEIGHTS, dict(weights="near")),
+    (COL_UPPER, dict(accept="c_upper")),
+    (ROW_UPPER, dict(accept="r_upper")),
+    (BOTH_UPPER, dict(accept="upper")),
+    (COL_LOWER, dict(accept="c_lower")),
+    (ROW_LOWER, dict(accept="r_lower")),
+    (BOTH_LOWER, dict(accept="lower")),
+    (NO_MAP_MASK, dict(accept="all")),
+    (WRAP_INDEX, dict(accept="lower", read="wrap")),
+    (BORDER, dict(accept="all", read="clamp")),
+    (HEADS_LAYOUT, dict(layout="dm")),
+]
+
+
+def _explains(got, variant, differs, atol):
+    """``variant`` explains ``got``: equal wherever the variant is known (NaN marks a read past
+    the tensor, whose value nobody can know), and known at some element that is wrong."""
+    if tuple(got.shape) != tuple(variant.shape):
+        return False
+    known = ~torch.isnan(variant)
+    if known.float().mean() < 0.5:
+        return False
+    close = ((got - variant).abs() <= atol) | ~known
+    return bool(close.all() and (differs & known).any())
+
+
+def name_mistake(got, args, atol, mistakes=None):
+    """The hint of the first usual mistake whose result matches ``got`` within ``atol``
+    (the operator's five arguments in ``args``, a dict or a sequence), else None."""
+    args = list(args.values()) if isinstance(args, dict) else list(args)
+    value, shapes, starts, loc, attn = args
+    if not isinstance(got, torch.Tensor):
+        return None
+    right = sample(value, shapes, starts, loc, attn)
+    if got.numel() != right.numel():
+        return None
+    got = got.detach().cpu().double().reshape(right.shape)
+    differs = ~((got - right).abs() <= atol)
+    for hint, conventions in (mistakes or MISTAKES):
+        try:
+            variant = sample(value, shapes, starts, loc, attn, **conventions)
+        except (RuntimeError, IndexError, ValueError):
+            continue
+        if _explains(got, variant, differs, atol):
+            return hint
+    return None
+
+
+def garbage(x) -> bool:
+    """NaN, inf or a magnitude no sample of these inputs can reach: a read past a tensor
+    (or of memory nobody wrote)."""
+    x = torch.as_tensor(x, dtype=torch.float64)
+    return bool((~torch.isfinite(x)).any() or (x.abs() > 1e6).any())
+
+
+def corners_of(x, y, height, width, coordinate=None):
+    """[(name, row, col, on the map)] for the four corners of the location (x, y) on an
+    (H, W) map, in the usual order."""
+    coordinate = coordinate or (lambda v, n: v * n - 0.5)
+    x0 = math.floor(coordinate(float(x), width))
+    y0 = math.floor(coordinate(float(y), height))
+    return [(name, y0 + oy, x0 + ox, 0 <= y0 + oy < height and 0 <= x0 + ox < width)
+            for name, (oy, ox) in zip(CORNERS, OFFSETS)]
+
+
+def describe_corners(x, y, height, width, coordinate=None):
+    """'corner (y1, x1) bottom-right at (row 3, col 5)' for every corner of (x, y) that
+    lies off an (H, W) map."""
+    return [f"{name} at (row {r}, col {c})"
+            for name, r, c, inside in corners_of(x, y, height, width, coordinate) if not inside]
+
+
+def bound_hint(row, col, height, width):
+    """Which test lets the off-map corner (row, col) through."""
+    if col == width or row == height:
+        return ("its column is W (or its row H), one past the last: the test is c < W and "
+                "r < H, not c <= W")
+    if col < 0 or row < 0:
+        return "its column (or row) is negative: test c >= 0 and r >= 0 too"
+    return "mask every corner unless 0 <= r < H and 0 <= c < W"
+
+
+def explain_element(got, args, index, atol, image=False):
+    """Why output element ``index`` = (b, q, j) with j = m*D + d is wrong, from its samples:
+    a corner off the map that was read, a corner on the map that is missing, or garbage.
+    ``image``: the arguments are one image sampled at Q points (lab 04), named so.
+    Returns a sentence or None."""
+    args = list(args.values()) if isinstance(args, dict) else list(args)
+    value, shapes, starts, loc, attn = args
+    b, q, j = (int(i) for i in index)
+    heads, channels = value.shape[2], value.shape[3]
+    m, d = divmod(j, channels)
+    got_v = float(torch.as_tensor(got).reshape(value.shape[0], loc.shape[1], heads * channels)
+                  [b, q, j])
+    pieces = sample(value, shapes, starts, loc, attn, accept="all", terms=True)
+    inside = pieces["inside"][b, q, m, ..., d]                  # (L, K, 4)
+    outside = pieces["outside"][b, q, m, ..., d]
+    expected = float(inside.sum())
+    diff = got_v - expected
+    shape_list = [tuple(int(v) for v in s) for s in torch.as_tensor(shapes).tolist()]
+    where = f"point {q}, channel {d}" if image else f"batch {b}, query {q}, head {m}, channel {d}"
+    if not math.isfinite(got_v) or abs(got_v) > 1e6:
+        text = (f"at {where} the value {got_v:.6g} is garbage: no weighted sum of these inputs "
+                "reaches it, so something read memory outside the tensor (or an output nobody "
+                "wrote)")
+        off = _off_map_corners(pieces, b, q, m, shape_list, loc)
+        if off:
+            text += f"; the corners of this output that lie off the map: {off}"
+        return text
+    scale = max(abs(expected), 1e-6)
+    tol = max(atol, 1e-9 * scale)
+    levels, points = inside.shape[0], inside.shape[1]
+
+    def name(lvl, k, c):
+        row = int(pieces["rows"][b, q, m, lvl, k, c])
+        col = int(pieces["cols"][b, q, m, lvl, k, c])
+        h, w = shape_list[lvl]
+        if image:
+            return f"corner {CORNERS[c]} at (row {row}, col {col}) of the {h} x {w} map"
+        return (f"level {lvl}, point {k}, corner {CORNERS[c]} at (row {row}, col {col}) of a "
+                f"{h} x {w} map")
+
+    for lvl in range(levels):
+        for k in range(points):
+            on = [bool(pieces["on_map"][b, q, m, lvl, k, c]) for c in range(4)]
+            off = [c for c in range(4) if not on[c] and math.isfinite(float(outside[lvl, k, c]))
+                   and abs(float(outside[lvl, k, c])) > tol]
+            groups = [[c] for c in off] + [[c1, c2] for i, c1 in enumerate(off)
+                                           for c2 in off[i + 1:]] + ([off] if len(off) > 2 else [])
+            for group in groups:
+                extra = sum(float(outside[lvl, k, c]) for c in group)
+                if abs(diff - extra) <= tol:
+                    names = " and ".join(name(lvl, k, c) for c in group)
+                    return (f"at {where} the difference is exactly the contribution of {names}: "
+                            + ("that corner is" if len(group) == 1 else "those corners are")
+                            + " off the map and must add zero, but your code read "
+                            + ("it" if len(group) == 1 else "them"))
+            for c in range(4):
+                missing = float(inside[lvl, k, c])
+                if on[c] and abs(missing) > tol and abs(diff + missing) <= tol:
+                    return (f"at {where} the difference is exactly the contribution of "
+                            f"{name(lvl, k, c)}, which is on the map and missing from your "
+                            "result (is your mask too strict at this edge?)")
+    return None
+
+
+def _off_map_corners(pieces, b, q, m, shapes, loc):
+    found = []
+    on_map = pieces["on_map"][b, q, m]
+    for lvl in range(on_map.shape[0]):
+        for k in range(on_map.shape[1]):
+            for c in range(4):
+                if not on_map[lvl, k, c]:
+                    found.append(f"level {lvl} point {k} {CORNERS[c].split(' ')[0]}")
+    return ", ".join(found[:6]) + (" ..." if len(found) > 6 else "")
+
+
+def output_hint(got, args, atol, index=None, mistakes=None, image=False):
+    """The hint for a wrong forward output: a named mistake, else the corner that explains
+    the worst element, else None."""
+    hint = name_mistake(got, args, atol, mistakes)
+    if hint is not None:
+        return hint
+    if index is not None:
+        return explain_element(got, args, index, atol, image=image)
+    return None
+
+
+OUTPUT_AXES = ("batch", "query", "head", "channel")
+
+
+def output_mismatch(got, expected, atol, what, heads):
+    """``explain_mismatch`` of two (B, Q, M*D) outputs with the axes named batch, query,
+    head, channel (M*D split into its head and channel); None when they match."""
+    from source_kernels.testing import explain_mismatch
+    if not isinstance(got, torch.Tensor):
+        return f"{what}: expected a torch.Tensor, got {type(got).__name__}"
+    got = got.detach().cpu()
+    if tuple(got.shape) != tuple(expected.shape):
+        return f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    batch, queries, width = expected.shape
+    shape = (batch, queries, heads, width // heads)
+    return explain_mismatch(got.double().reshape(shape), expected.double().reshape(shape),
+                            atol=atol, rtol=0.0, axes=OUTPUT_AXES, what=what)
+
+
+def worst_index(got, expected):
+    """(b, q, j) of the element that differs most (NaN counts as the most)."""
+    g = torch.as_tensor(got).detach().cpu().double()
+    e = torch.as_tensor(expected).detach().cpu().double()
+    diff = (g - e).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    flat = int(diff.reshape(-1).argmax())
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), g.shape))
+
+
+def forward_hint(got, args, dtype):
+    """The hint for a wrong (B, Q, M*D) forward ``got`` on ``args`` (the operator's five
+    arguments): as ``_operator.forward_hint`` always did, now with every mistake above."""
+    from . import _operator
+    expected = _operator.forward_fp64(args)
+    scale = max(expected.abs().max().item(), 1e-6)
+    atol = _operator.TOLERANCE[dtype] * scale
+    hint = output_hint(got, args, atol, worst_index(got, expected))
+    return hint or ("compare one level at a time (set the other levels' attention weights to "
+                    "0) to find where it goes wrong")
+
+
+def name_coordinate_mistake(got, normalised, size, atol=1e-9):
+    """The hint when ``got`` (pixel coordinates of ``normalised`` on maps of ``size``)
+    matches a usual wrong convention, else None."""
+    got = torch.as_tensor(got, dtype=torch.float64)
+    normalised = torch.as_tensor(normalised, dtype=torch.float64)
+    size = torch.as_tensor(size, dtype=torch.float64)
+    for hint, f in coordinate_variants():
+        if bool(((got - f(normalised, size)).abs() <= atol).all()):
+            return hint
+    return None
