@@ -61,8 +61,10 @@ __all__ = ["CORES", "resolve_core", "use_core", "MSDeformAttn", "DeformableEncod
 # ----------------------------------------------------------------------------- the cores
 def _triton_core(value, spatial_shapes, level_start_index, sampling_locations,
                  attention_weights, im2col_step):
+    # mixed_precision: a 16-bit value may come with fp32 locations and weights (autocast)
     return multi_scale_deformable_attn(value, spatial_shapes, level_start_index,
-                                       sampling_locations, attention_weights, im2col_step)
+                                       sampling_locations, attention_weights, im2col_step,
+                                       mixed_precision=True)
 
 
 def _grid_sample_core(value, spatial_shapes, level_start_index, sampling_locations,
@@ -76,6 +78,8 @@ def _grid_sample_core(value, spatial_shapes, level_start_index, sampling_locatio
 CORES: dict[str, Callable] = {"triton": _triton_core, "grid_sample": _grid_sample_core}
 
 CoreArg = Union[str, Callable]
+# Cores that take a float16/bfloat16 value with float32 locations and weights as they are.
+_MIXED_PRECISION_CORES = (_triton_core,)
 
 
 def resolve_core(core: CoreArg) -> tuple[str, Callable]:
@@ -218,11 +222,18 @@ class MSDeformAttn(nn.Module):
             value = value.masked_fill(input_padding_mask[..., None], 0.0)
         value = value.view(batch, total, self.n_heads, self.d_model // self.n_heads)
         locations, weights = self.sampling(query, reference_points, input_spatial_shapes)
-        # The operator takes one floating dtype; use the widest of the three.  Under
-        # autocast the projections come out in bf16/fp16 while the locations, built on fp32
-        # reference points, stay fp32, and they must: bf16 keeps 8 significant bits, so near
-        # x = 1 rounding would move a sample by up to 2**-9 * W pixels, a third of a pixel on
-        # a level 167 pixels wide.  The result goes back to the values' dtype.
+        # Under autocast the projections come out in bf16/fp16 while the locations, built on
+        # fp32 reference points, stay fp32, and they must: bf16 keeps 8 significant bits, so
+        # near x = 1 rounding would move a sample by up to 2**-9 * W pixels, a third of a
+        # pixel on a level 167 pixels wide.  The Triton operator takes that mix as it is
+        # (16-bit values, fp32 locations and weights, arithmetic in fp32); any other core
+        # gets all three in the widest of their dtypes.  The result is in the values' dtype.
+        if (self._core_fn in _MIXED_PRECISION_CORES
+                and value.dtype in (torch.float16, torch.bfloat16)
+                and locations.dtype == torch.float32):
+            output = self._core_fn(value, input_spatial_shapes, input_level_start_index,
+                                   locations, weights.to(torch.float32), self.im2col_step)
+            return self.output_proj(output)
         dtype = torch.promote_types(torch.promote_types(value.dtype, locations.dtype),
                                     weights.dtype)
         output = self._core_fn(value.to(dtype), input_spatial_shapes, input_level_start_index,

@@ -355,6 +355,44 @@ def test_autocast_keeps_locations_in_fp32():
     torch.testing.assert_close(out, expected)     # bf16 defaults: rtol 1.6e-2, atol 1e-5
 
 
+def test_autocast_gives_the_operator_16bit_values(monkeypatch):
+    """With the Triton core under bf16 autocast the operator takes the bf16 values as they
+    are (no fp32 copy of value per layer, and no cast of the output back) with fp32
+    locations and weights; output and gradients agree with the grid_sample core's."""
+    import source_kernels.model as model_module
+    torch.manual_seed(0)
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append((args[0].dtype, args[3].dtype, args[4].dtype, kwargs))
+        return multi_scale_deformable_attn(*args, **kwargs)
+
+    from source_kernels.op import multi_scale_deformable_attn
+    monkeypatch.setattr(model_module, "multi_scale_deformable_attn", spy)
+    module = MSDeformAttn(16, 2, 2, 2)
+    randomise_heads(module, torch.Generator().manual_seed(2))
+    module.to(DEVICE)
+    spatial_shapes, starts = pyramid([[4, 5], [2, 3]], device=DEVICE)
+    query = torch.randn(1, 6, 16, device=DEVICE)
+    x = torch.randn(1, 26, 16, device=DEVICE)
+    ref = torch.rand(1, 6, 2, 2, device=DEVICE)
+    results = {}
+    for core in ("triton", "grid_sample"):
+        module.core = core
+        module.zero_grad(set_to_none=True)
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            out = module(query, ref, x, spatial_shapes, starts)
+        out.float().square().sum().backward()
+        results[core] = (out, module.sampling_offsets.weight.grad.clone(),
+                         module.value_proj.weight.grad.clone())
+    assert seen == [(torch.bfloat16, torch.float32, torch.float32,
+                     {"mixed_precision": True})]
+    assert results["triton"][0].dtype == torch.bfloat16
+    for got, expected in zip(results["triton"], results["grid_sample"]):
+        error = (got.float() - expected.float()).abs().max().item()
+        assert error <= 3e-2 * expected.float().abs().max().item()
+
+
 # ----------------------------------------------------------------------------- training
 TRAIN_SHAPES = [[4, 5], [2, 3]]
 TRAIN_TOL = dict(rtol=1e-5, atol=1e-6)     # per step, on the fp32 loss (see the test)

@@ -295,6 +295,49 @@ def test_dtype_mismatch_is_a_value_error_naming_the_dtypes():
         sk.multi_scale_deformable_attn(**args)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mixed_precision_takes_fp32_locations_and_weights(dtype):
+    """mixed_precision=True: a 16-bit value with fp32 locations and weights, as autocast
+    leaves a model, runs without widening value; the output and grad_value come in value's
+    dtype, the location and weight gradients in fp32, all matching the fp64 reference on
+    the same (16-bit) values.  The arithmetic is fp32 throughout, so the location and
+    weight gradients are held to the fp32 tolerance."""
+    args = inputs(batch=2, queries=4, heads=2, shapes=[[3, 4], [2, 2]], requires_grad=True)
+    args["value"] = args["value"].detach().to(dtype).requires_grad_()
+    grad_output = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(5)).to(dtype)
+    expected, grads = fp64_reference(args, grad_output)
+    out = sk.multi_scale_deformable_attn(*(args[k] for k in ARG_NAMES), mixed_precision=True)
+    assert out.dtype == dtype
+    assert_scaled_close(out, expected, TOLERANCE[dtype], "mixed forward", MSDA_OUTPUT_AXES)
+    out.backward(grad_output.to(out.device))
+    assert args["value"].grad.dtype == dtype
+    assert args["sampling_locations"].grad.dtype == torch.float32
+    assert_scaled_close(args["value"].grad, grads[0], GRAD_TOLERANCE[dtype], "grad of value")
+    assert_scaled_close(args["sampling_locations"].grad, grads[1],
+                        GRAD_TOLERANCE[torch.float32], "grad of sampling_locations",
+                        ignore=on_a_pixel_boundary(args))
+    assert_scaled_close(args["attention_weights"].grad, grads[2],
+                        GRAD_TOLERANCE[torch.float32], "grad of attention_weights")
+
+
+def test_mixed_precision_is_asked_for_and_nothing_else_mixes():
+    """Without mixed_precision the dtypes must match (mmcv), also right after a mixed call
+    of the same signature; with it, only a 16-bit value with fp32 locations and weights."""
+    args = _bad(lambda a: a.update(value=a["value"].to(torch.bfloat16)))
+    sk.multi_scale_deformable_attn(**args, mixed_precision=True)
+    with pytest.raises(ValueError, match="dtypes"):
+        sk.multi_scale_deformable_attn(**args)
+    with pytest.raises(ValueError, match="dtypes"):
+        sk.MultiScaleDeformableAttnFunction.apply(*(args[k] for k in ARG_NAMES), 64)
+    half_weights = dict(args, attention_weights=args["attention_weights"].to(torch.bfloat16))
+    with pytest.raises(TypeError, match="attention_weights has dtype torch.bfloat16 but "
+                                        "sampling_locations has float32"):
+        sk.multi_scale_deformable_attn(**half_weights, mixed_precision=True)
+    wide_value = _bad(lambda a: a.update(sampling_locations=a["sampling_locations"].half()))
+    with pytest.raises(ValueError, match="dtypes"):
+        sk.multi_scale_deformable_attn(**wide_value, mixed_precision=True)
+
+
 def test_bad_shape_tensors_after_a_valid_call_are_still_refused():
     """The checks of one argument signature are remembered; the shape tensors are checked
     per tensor object, so new ones with the same value, locations and weights are checked."""
