@@ -54,14 +54,17 @@ from .reference import msda_grid_sample
 
 __all__ = ["CORES", "resolve_core", "use_core", "MSDeformAttn", "DeformableEncoderLayer",
            "DeformableEncoder", "DeformableDecoderLayer", "DeformableDecoder",
-           "encoder_reference_points", "sine_position_embedding", "jitter_offsets"]
+           "encoder_reference_points", "pyramid_pixels", "sine_position_embedding",
+           "jitter_offsets"]
 
 
 # ----------------------------------------------------------------------------- the cores
 def _triton_core(value, spatial_shapes, level_start_index, sampling_locations,
                  attention_weights, im2col_step):
+    # mixed_precision: a 16-bit value may come with fp32 locations and weights (autocast)
     return multi_scale_deformable_attn(value, spatial_shapes, level_start_index,
-                                       sampling_locations, attention_weights, im2col_step)
+                                       sampling_locations, attention_weights, im2col_step,
+                                       mixed_precision=True)
 
 
 def _grid_sample_core(value, spatial_shapes, level_start_index, sampling_locations,
@@ -75,6 +78,8 @@ def _grid_sample_core(value, spatial_shapes, level_start_index, sampling_locatio
 CORES: dict[str, Callable] = {"triton": _triton_core, "grid_sample": _grid_sample_core}
 
 CoreArg = Union[str, Callable]
+# Cores that take a float16/bfloat16 value with float32 locations and weights as they are.
+_MIXED_PRECISION_CORES = (_triton_core,)
 
 
 def resolve_core(core: CoreArg) -> tuple[str, Callable]:
@@ -217,11 +222,18 @@ class MSDeformAttn(nn.Module):
             value = value.masked_fill(input_padding_mask[..., None], 0.0)
         value = value.view(batch, total, self.n_heads, self.d_model // self.n_heads)
         locations, weights = self.sampling(query, reference_points, input_spatial_shapes)
-        # The operator takes one floating dtype; use the widest of the three.  Under
-        # autocast the projections come out in bf16/fp16 while the locations, built on fp32
-        # reference points, stay fp32, and they must: bf16 keeps 8 significant bits, so near
-        # x = 1 rounding would move a sample by up to 2**-9 * W pixels, a third of a pixel on
-        # a level 167 pixels wide.  The result goes back to the values' dtype.
+        # Under autocast the projections come out in bf16/fp16 while the locations, built on
+        # fp32 reference points, stay fp32, and they must: bf16 keeps 8 significant bits, so
+        # near x = 1 rounding would move a sample by up to 2**-9 * W pixels, a third of a
+        # pixel on a level 167 pixels wide.  The Triton operator takes that mix as it is
+        # (16-bit values, fp32 locations and weights, arithmetic in fp32); any other core
+        # gets all three in the widest of their dtypes.  The result is in the values' dtype.
+        if (self._core_fn in _MIXED_PRECISION_CORES
+                and value.dtype in (torch.float16, torch.bfloat16)
+                and locations.dtype == torch.float32):
+            output = self._core_fn(value, input_spatial_shapes, input_level_start_index,
+                                   locations, weights.to(torch.float32), self.im2col_step)
+            return self.output_proj(output)
         dtype = torch.promote_types(torch.promote_types(value.dtype, locations.dtype),
                                     weights.dtype)
         output = self._core_fn(value.to(dtype), input_spatial_shapes, input_level_start_index,
@@ -234,25 +246,45 @@ class MSDeformAttn(nn.Module):
 
 
 # ----------------------------------------------------------------------------- the encoder
-def encoder_reference_points(spatial_shapes: torch.Tensor,
-                             valid_ratios: torch.Tensor) -> torch.Tensor:
+def pyramid_pixels(spatial_shapes: torch.Tensor, total: int):
+    """Where each of the S rows of a flattened pyramid lies: (level (S,), x (S,), y (S,),
+    width (S,), height (S,)), all int64 on the shapes' device.
+
+    Computed from the shapes by index arithmetic on their device, with S given: nothing is
+    read back to the host, and every size stays the static ``total``, so that
+    ``torch.compile(fullgraph=True)`` traces it without data-dependent sizes (a loop over
+    ``spatial_shapes.tolist()`` makes each H and W an unbacked size of the graph, and waits
+    for the device in eager mode).  Rows past the shapes' sum count as the last level's.
+    """
+    shapes = spatial_shapes.to(torch.int64)
+    sizes = shapes[:, 0] * shapes[:, 1]
+    ends = torch.cumsum(sizes, 0)
+    row = torch.arange(total, device=shapes.device)
+    level = torch.bucketize(row, ends, right=True).clamp_(max=shapes.shape[0] - 1)
+    local = row - (ends - sizes)[level]
+    height, width = shapes[level, 0], shapes[level, 1]
+    return level, local % width, local // width, width, height
+
+
+def encoder_reference_points(spatial_shapes: torch.Tensor, valid_ratios: torch.Tensor,
+                             total: Optional[int] = None) -> torch.Tensor:
     """Reference points of the encoder: every pyramid pixel's centre, seen on every level.
 
     spatial_shapes: (L, 2) integer (H_l, W_l); valid_ratios: (B, L, 2) float, the (x, y)
-    fraction of each level not covered by padding (all ones without padding).
+    fraction of each level not covered by padding (all ones without padding); total: S, the
+    number of pyramid pixels (read from the shapes when not given, which copies them to
+    the host).
     Returns (B, S, L, 2): pixel centres normalised by the valid part of their own level,
     then rescaled into each level's valid part.
     """
-    centres = []
-    for lvl, (height, width) in enumerate(spatial_shapes.tolist()):
-        ys, xs = torch.meshgrid(
-            torch.arange(height, dtype=valid_ratios.dtype, device=valid_ratios.device) + 0.5,
-            torch.arange(width, dtype=valid_ratios.dtype, device=valid_ratios.device) + 0.5,
-            indexing="ij")
-        x = xs.reshape(1, -1) / (valid_ratios[:, None, lvl, 0] * width)          # (B, HW)
-        y = ys.reshape(1, -1) / (valid_ratios[:, None, lvl, 1] * height)
-        centres.append(torch.stack([x, y], dim=-1))
-    points = torch.cat(centres, dim=1)                                           # (B, S, 2)
+    if total is None:
+        total = int(spatial_shapes.to(torch.int64).prod(1).sum())
+    level, x, y, width, height = pyramid_pixels(spatial_shapes.to(valid_ratios.device), total)
+    dtype = valid_ratios.dtype
+    ratios = valid_ratios[:, level]                                           # (B, S, 2)
+    x = (x.to(dtype) + 0.5) / (ratios[..., 0] * width.to(dtype))
+    y = (y.to(dtype) + 0.5) / (ratios[..., 1] * height.to(dtype))
+    points = torch.stack([x, y], dim=-1)                                      # (B, S, 2)
     return points[:, :, None, :] * valid_ratios[:, None, :, :]
 
 
@@ -330,18 +362,13 @@ class DeformableEncoder(nn.Module):
                                    core=core)
             for _ in range(num_layers))
 
-    def position_embedding(self, spatial_shapes: torch.Tensor, dtype, device) -> torch.Tensor:
+    def position_embedding(self, spatial_shapes: torch.Tensor, total: int, dtype,
+                           device) -> torch.Tensor:
         """(S, C): sine embedding of each pixel centre plus its level's embedding."""
-        parts = []
-        for lvl, (height, width) in enumerate(spatial_shapes.tolist()):
-            ys, xs = torch.meshgrid((torch.arange(height, device=device, dtype=dtype) + 0.5)
-                                    / height,
-                                    (torch.arange(width, device=device, dtype=dtype) + 0.5)
-                                    / width, indexing="ij")
-            xy = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
-            parts.append(sine_position_embedding(xy, self.d_model)
-                         + self.level_embed[lvl].to(dtype))
-        return torch.cat(parts, dim=0)
+        level, x, y, width, height = pyramid_pixels(spatial_shapes.to(device), total)
+        xy = torch.stack([(x.to(dtype) + 0.5) / width.to(dtype),
+                          (y.to(dtype) + 0.5) / height.to(dtype)], dim=-1)
+        return sine_position_embedding(xy, self.d_model) + self.level_embed.to(dtype)[level]
 
     def forward(self, src: torch.Tensor, spatial_shapes: torch.Tensor,
                 level_start_index: torch.Tensor, valid_ratios: Optional[torch.Tensor] = None,
@@ -351,8 +378,9 @@ class DeformableEncoder(nn.Module):
         batch = src.shape[0]
         if valid_ratios is None:
             valid_ratios = src.new_ones(batch, self.n_levels, 2)
-        reference_points = encoder_reference_points(spatial_shapes, valid_ratios)
-        pos = self.position_embedding(spatial_shapes, src.dtype, src.device)[None]
+        total = src.shape[1]
+        reference_points = encoder_reference_points(spatial_shapes, valid_ratios, total)
+        pos = self.position_embedding(spatial_shapes, total, src.dtype, src.device)[None]
         out = src
         for layer in self.layers:
             out = layer(out, pos, reference_points, spatial_shapes, level_start_index,

@@ -7,7 +7,8 @@
   has to be divisible by it: the kernels process the whole batch in one launch.
   ``value_level_start_index`` may be None: it is then computed from the shapes.
 - ``multi_scale_deformable_attn(...)`` is the plain function form, with the
-  ``fp32_grad_accum`` switch of the backward.
+  ``fp32_grad_accum`` switch of the backward and the ``mixed_precision`` switch (a 16-bit
+  value with fp32 locations and weights, as autocast leaves them).
 - Under ``torch.compile`` both route to custom ops that ``torch.compile(fullgraph=True)``
   takes without a graph break: on a GPU those of ``source_kernels.traced``, whose Triton
   kernels the compiler launches itself; in the CPU interpreter ``torch.ops.source_kernels.
@@ -58,9 +59,9 @@ class _Call:
     the bound launches of the forward and of the backward (one per accumulation choice)."""
     __slots__ = ("out_shape", "dtype", "device", "total", "levels", "copy_value",
                  "copy_params", "forward_plan", "forward_bound", "backward_plan",
-                 "backward_bound", "empty", "shapes_seen")
+                 "backward_bound", "empty", "shapes_seen", "mixed_precision")
 
-    def __init__(self, value, sampling_locations, attention_weights):
+    def __init__(self, value, sampling_locations, attention_weights, mixed_precision=False):
         batch, total, heads, channels = value.shape
         queries = sampling_locations.shape[1]
         self.out_shape = (batch, queries, heads * channels)
@@ -68,6 +69,7 @@ class _Call:
         self.device = value.device
         self.total = total
         self.levels = sampling_locations.shape[3]
+        self.mixed_precision = mixed_precision
         self.shapes_seen = {}
         self.copy_value = value.stride(3) != 1
         self.copy_params = not (sampling_locations.is_contiguous()
@@ -100,7 +102,7 @@ class _Call:
         return value, shapes, starts, loc, attn
 
     def _check_shapes(self, key, value, shapes, starts, loc, attn):
-        check_signature(value, shapes, starts, loc, attn)
+        check_signature(value, shapes, starts, loc, attn, mixed_precision=self.mixed_precision)
         checked = checked_shapes(shapes, starts, self.total)
         if not (shapes.is_cuda and torch.cuda.is_current_stream_capturing()):
             if len(self.shapes_seen) > 64:
@@ -186,7 +188,7 @@ def forget_launches() -> None:
     _calls.clear()
 
 
-def _call_for(value, shapes, starts, loc, attn, im2col_step):
+def _call_for(value, shapes, starts, loc, attn, im2col_step, mixed_precision=False):
     """The _Call of these arguments' signature, after the signature checks (on a miss).
 
     The key holds what the checks and the launch depend on for value, sampling_locations
@@ -195,15 +197,15 @@ def _call_for(value, shapes, starts, loc, attn, im2col_step):
     try:
         key = (value.shape, value.stride(), value.dtype, value.device, loc.shape, loc.dtype,
                loc.device, loc.is_contiguous(), attn.shape, attn.dtype, attn.device,
-               attn.is_contiguous(), im2col_step)
+               attn.is_contiguous(), im2col_step, mixed_precision)
     except AttributeError:                          # not tensors: the checks say which
         key = None
     else:
         call = _calls.get(key)
         if call is not None:
             return call
-    check_signature(value, shapes, starts, loc, attn, im2col_step)
-    call = _Call(value, loc, attn)
+    check_signature(value, shapes, starts, loc, attn, im2col_step, mixed_precision)
+    call = _Call(value, loc, attn, mixed_precision)
     if key is not None and type(im2col_step) is int:
         if len(_calls) > 256:
             _calls.clear()
@@ -268,9 +270,11 @@ _apply = super(torch.autograd.Function, _ValidatedMSDA).apply
 # Under torch.compile.
 # ----------------------------------------------------------------------------------------
 
-def _compiled_inputs(value, shapes, starts, loc, attn, im2col_step, fp32_grad_accum):
+def _compiled_inputs(value, shapes, starts, loc, attn, im2col_step, fp32_grad_accum,
+                     mixed_precision=False):
     """Checks that need no host copy, and the tensors as the ops take them."""
-    validate_inputs(value, shapes, starts, loc, attn, im2col_step, check_contents=False)
+    validate_inputs(value, shapes, starts, loc, attn, im2col_step, check_contents=False,
+                    mixed_precision=mixed_precision)
     if fp32_grad_accum is not None:
         raise ValueError("fp32_grad_accum cannot be set under torch.compile; the default for "
                          "the device is used")
@@ -349,20 +353,25 @@ msda.register_autograd(_msda_op_backward, setup_context=_setup_context)
 
 def multi_scale_deformable_attn(value, value_spatial_shapes, value_level_start_index,
                                 sampling_locations, attention_weights, im2col_step=64,
-                                fp32_grad_accum: Optional[bool] = None):
+                                fp32_grad_accum: Optional[bool] = None,
+                                mixed_precision: bool = False):
     """Multi-scale deformable attention: (B, S, M, D) values -> (B, Q, M*D) outputs.
 
     Arguments as ``MultiScaleDeformableAttnFunction.apply`` (``value_level_start_index``
     may be None); ``fp32_grad_accum`` chooses an fp32 buffer for grad_value's atomics
-    (default: on for bf16 without native bf16 atomics).
+    (default: on for bf16 without native bf16 atomics).  ``mixed_precision=True`` lets a
+    float16 or bfloat16 value take float32 sampling_locations and attention_weights (what
+    autocast leaves a model with; the kernels compute in fp32 either way): the output and
+    grad_value come in value's dtype, the other gradients in fp32, and value is neither
+    copied nor widened.  Without it the three dtypes must match, as in mmcv.
     """
     if torch.compiler.is_compiling():
         tensors = _compiled_inputs(value, value_spatial_shapes, value_level_start_index,
                                    sampling_locations, attention_weights, im2col_step,
-                                   fp32_grad_accum)
+                                   fp32_grad_accum, mixed_precision)
         return _compiled_forward(*tensors)
     call = _call_for(value, value_spatial_shapes, value_level_start_index, sampling_locations,
-                     attention_weights, im2col_step)
+                     attention_weights, im2col_step, mixed_precision)
     if not (torch.is_grad_enabled() and (value.requires_grad or sampling_locations.requires_grad
                                          or attention_weights.requires_grad)):
         # Inference: no autograd node to build, straight to the kernel.

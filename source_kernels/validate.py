@@ -18,6 +18,7 @@ __all__ = ["validate_inputs", "FLOAT_DTYPES", "DtypeMismatchError", "level_start
            "checked_shapes"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _INT_DTYPES = (torch.int32, torch.int64)
 _checked_contents: dict = {}    # (ids, versions, S) -> (weakrefs, int64 shapes and starts)
 _valid_signatures: dict = {}     # (shape, dtype, device) of each argument, found valid once
@@ -139,13 +140,16 @@ def _signature(value, value_spatial_shapes, value_level_start_index, sampling_lo
 
 
 def check_signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
-                    attention_weights, im2col_step=64):
-    """The shape, dtype and device checks (no contents), remembered per signature."""
+                    attention_weights, im2col_step=64, mixed_precision=False):
+    """The shape, dtype and device checks (no contents), remembered per signature (and
+    per ``mixed_precision``, which lets a 16-bit value take fp32 locations and weights)."""
     signature = _signature(value, value_spatial_shapes, value_level_start_index,
                            sampling_locations, attention_weights, im2col_step)
+    if signature is not None and mixed_precision:
+        signature = signature + ("mixed",)
     if signature is None or signature not in _valid_signatures:
         _check_signature(value, value_spatial_shapes, value_level_start_index,
-                         sampling_locations, attention_weights, im2col_step)
+                         sampling_locations, attention_weights, im2col_step, mixed_precision)
         if signature is not None:
             if len(_valid_signatures) > 256:
                 _valid_signatures.clear()
@@ -153,19 +157,22 @@ def check_signature(value, value_spatial_shapes, value_level_start_index, sampli
 
 
 def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampling_locations,
-                    attention_weights, im2col_step=64, *, check_contents=True):
+                    attention_weights, im2col_step=64, *, check_contents=True,
+                    mixed_precision=False):
     """Check the operator's arguments; raise TypeError/ValueError naming the culprit.
 
     Shapes: value (B, S, M, D); value_spatial_shapes (L, 2) integer; value_level_start_index
     (L,) integer, or None (then computed from the shapes); sampling_locations
     (B, Q, M, L, K, 2); attention_weights (B, Q, M, L, K).  value, sampling_locations and
-    attention_weights share one floating dtype; all tensors share one device.  Every eager
+    attention_weights share one floating dtype (with ``mixed_precision``, a float16 or
+    bfloat16 value may also take float32 sampling_locations and attention_weights, as
+    autocast leaves them); all tensors share one device.  Every eager
     call of the operator pays for this, so a signature (each argument's shape, dtype and
     device) found valid once is remembered and its checks are skipped next time; the
     contents check has its own memory (see above).
     """
     check_signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
-                    attention_weights, im2col_step)
+                    attention_weights, im2col_step, mixed_precision)
     total = value.shape[1]
     if not check_contents or torch.compiler.is_compiling():
         return
@@ -178,7 +185,7 @@ def validate_inputs(value, value_spatial_shapes, value_level_start_index, sampli
 
 
 def _check_signature(value, value_spatial_shapes, value_level_start_index, sampling_locations,
-                     attention_weights, im2col_step):
+                     attention_weights, im2col_step, mixed_precision=False):
     """The shape, dtype and device checks, each error naming its argument."""
     names = ("value", "value_spatial_shapes", "value_level_start_index",
              "sampling_locations", "attention_weights")
@@ -193,12 +200,20 @@ def _check_signature(value, value_spatial_shapes, value_level_start_index, sampl
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"value must be a floating tensor (float16, bfloat16, float32 or "
                         f"float64), got {dtype}")
+    params_dtype = dtype
+    if mixed_precision and dtype in _HALF_DTYPES and sampling_locations.dtype is torch.float32:
+        params_dtype = torch.float32            # a 16-bit value with fp32 parameters
     for name, t in (("sampling_locations", sampling_locations),
                     ("attention_weights", attention_weights)):
-        if t.dtype is not dtype:
+        if t.dtype is not params_dtype:
             if t.dtype not in FLOAT_DTYPES:
                 raise TypeError(f"{name} must be a floating tensor (float16, bfloat16, "
                                 f"float32 or float64), got {t.dtype}")
+            if params_dtype is not dtype:
+                raise DtypeMismatchError(f"{name} has dtype {t.dtype} but sampling_locations "
+                                         f"has float32 and value {dtype}: with mixed "
+                                         "precision the dtypes of sampling_locations and "
+                                         "attention_weights must both be float32")
             raise DtypeMismatchError(f"{name} has dtype {t.dtype} but value has {dtype}: "
                                      "the dtypes of value, sampling_locations and "
                                      "attention_weights must match")

@@ -25,7 +25,8 @@ import source_kernels  # noqa: F401  (interpreter switch before the kernels are 
 from source_kernels.inputs import level_start_index
 from source_kernels.reference import msda_grid_sample
 from source_kernels.model import (CORES, DeformableDecoder, DeformableEncoder, MSDeformAttn,
-                                  encoder_reference_points, jitter_offsets, use_core)
+                                  encoder_reference_points, jitter_offsets,
+                                  sine_position_embedding, use_core)
 
 DEVICE_CPU = torch.device("cpu")
 # The small cases run on the GPU when there is one (the compiled kernels need CUDA tensors)
@@ -223,6 +224,65 @@ def test_encoder_reference_points():
     torch.testing.assert_close(ref[0, 8:, 1], torch.tensor([[0.25, 0.5], [0.75, 0.5]]))
 
 
+def loop_reference_points(spatial_shapes, valid_ratios):
+    """The reference points as Deformable DETR writes them: a loop over the levels' (H, W)."""
+    centres = []
+    for lvl, (height, width) in enumerate(spatial_shapes.tolist()):
+        ys, xs = torch.meshgrid(torch.arange(height, dtype=valid_ratios.dtype) + 0.5,
+                                torch.arange(width, dtype=valid_ratios.dtype) + 0.5,
+                                indexing="ij")
+        x = xs.reshape(1, -1) / (valid_ratios[:, None, lvl, 0] * width)
+        y = ys.reshape(1, -1) / (valid_ratios[:, None, lvl, 1] * height)
+        centres.append(torch.stack([x, y], dim=-1))
+    return torch.cat(centres, dim=1)[:, :, None, :] * valid_ratios[:, None, :, :]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_encoder_positions_need_no_host_copy(dtype):
+    """The reference points and position embedding come from index arithmetic on the
+    shapes' device, equal bit for bit to the loop over each level's (H, W)."""
+    shapes = [[100, 167], [50, 84], [25, 42], [13, 21]]
+    spatial_shapes, _ = pyramid(shapes)
+    ratios = 0.5 + 0.5 * torch.rand(2, 4, 2, generator=torch.Generator().manual_seed(0),
+                                    dtype=dtype)
+    got = encoder_reference_points(spatial_shapes, ratios, 22223)
+    assert torch.equal(got, loop_reference_points(spatial_shapes, ratios))
+    assert torch.equal(encoder_reference_points(spatial_shapes, ratios), got)
+    encoder = DeformableEncoder(1, 16, 32, 0.0, 4, 2, 2)
+    pos = encoder.position_embedding(spatial_shapes, 22223, dtype, DEVICE_CPU)
+    start = 100 * 167 + 50 * 84                          # level 2, row 1, column 3
+    centre = torch.tensor([[3.5 / 42, 1.5 / 25]], dtype=dtype)
+    expected = (sine_position_embedding(centre, 16)[0]
+                + encoder.level_embed[2].to(dtype))
+    assert torch.equal(pos[start + 42 + 3], expected.detach())
+
+
+def test_encoder_traces_with_static_sizes():
+    """torch.compile(fullgraph=True) traces the encoder with every size static: nothing of
+    spatial_shapes is read on the host (no .item() in the graph), so no size of the graph
+    depends on data, which the operator's compiled kernels and CUDA graphs need."""
+    torch.manual_seed(0)
+    spatial_shapes, starts = pyramid([[4, 5], [2, 3]])
+    encoder = DeformableEncoder(1, 16, 32, 0.0, 2, 2, 2)
+    src = torch.randn(1, 26, 16)
+    graphs = []
+
+    def capture(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch.compiler.reset()
+    out = torch.compile(encoder, fullgraph=True, backend=capture)(src, spatial_shapes, starts)
+    torch.compiler.reset()
+    assert len(graphs) == 1
+    sizes = [size for node in graphs[0].graph.nodes
+             if isinstance(node.meta.get("example_value"), torch.Tensor)
+             for size in node.meta["example_value"].shape]
+    assert sizes and not any(isinstance(size, torch.SymInt) for size in sizes), sizes
+    assert not any(node.target == "item" for node in graphs[0].graph.nodes)
+    torch.testing.assert_close(out, encoder(src, spatial_shapes, starts))
+
+
 # ----------------------------------------------------------------------------- parity
 # Non-square levels (so that a swapped (H, W) shows), a channel count per head that is not
 # a power of two in one case, locations partly outside the maps (zero padding).
@@ -293,6 +353,44 @@ def test_autocast_keeps_locations_in_fp32():
     assert seen == dict(value=torch.float32, locations=torch.float32, weights=torch.float32)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, expected)     # bf16 defaults: rtol 1.6e-2, atol 1e-5
+
+
+def test_autocast_gives_the_operator_16bit_values(monkeypatch):
+    """With the Triton core under bf16 autocast the operator takes the bf16 values as they
+    are (no fp32 copy of value per layer, and no cast of the output back) with fp32
+    locations and weights; output and gradients agree with the grid_sample core's."""
+    import source_kernels.model as model_module
+    torch.manual_seed(0)
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append((args[0].dtype, args[3].dtype, args[4].dtype, kwargs))
+        return multi_scale_deformable_attn(*args, **kwargs)
+
+    from source_kernels.op import multi_scale_deformable_attn
+    monkeypatch.setattr(model_module, "multi_scale_deformable_attn", spy)
+    module = MSDeformAttn(16, 2, 2, 2)
+    randomise_heads(module, torch.Generator().manual_seed(2))
+    module.to(DEVICE)
+    spatial_shapes, starts = pyramid([[4, 5], [2, 3]], device=DEVICE)
+    query = torch.randn(1, 6, 16, device=DEVICE)
+    x = torch.randn(1, 26, 16, device=DEVICE)
+    ref = torch.rand(1, 6, 2, 2, device=DEVICE)
+    results = {}
+    for core in ("triton", "grid_sample"):
+        module.core = core
+        module.zero_grad(set_to_none=True)
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            out = module(query, ref, x, spatial_shapes, starts)
+        out.float().square().sum().backward()
+        results[core] = (out, module.sampling_offsets.weight.grad.clone(),
+                         module.value_proj.weight.grad.clone())
+    assert seen == [(torch.bfloat16, torch.float32, torch.float32,
+                     {"mixed_precision": True})]
+    assert results["triton"][0].dtype == torch.bfloat16
+    for got, expected in zip(results["triton"], results["grid_sample"]):
+        error = (got.float() - expected.float()).abs().max().item()
+        assert error <= 3e-2 * expected.float().abs().max().item()
 
 
 # ----------------------------------------------------------------------------- training
@@ -463,3 +561,37 @@ def test_module_under_reduce_overhead_gpu(with_backward):
     assert any("_msda_forward" in c for c in code), "the forward kernel is not in the code"
     if with_backward:
         assert any("_msda_backward" in c for c in code), "the backward kernel is not in the code"
+
+
+@pytest.mark.gpu
+def test_encoder_under_reduce_overhead_gpu():
+    """The whole encoder under torch.compile(mode="reduce-overhead", fullgraph=True), as a
+    training step runs it (bf16 autocast, forward and backward): it compiles (no size of the
+    graph depends on the shapes' contents) and agrees with eager mode."""
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    spatial_shapes, starts = pyramid([[32, 48], [16, 24], [8, 12], [4, 6]], device)
+    encoder = DeformableEncoder(2, 64, 128, 0.0, 4, 4, 4).to(device)
+    jitter_offsets(encoder, 1, 0.25)
+    src = torch.randn(2, 2040, 64, device=device)
+
+    def run(fn):
+        encoder.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = fn(src, spatial_shapes, starts)
+        out.float().square().mean().backward()
+        return [out.detach().float(), encoder.layers[0].self_attn.sampling_offsets.weight.grad
+                .clone(), encoder.level_embed.grad.clone()]
+
+    eager = run(encoder)
+    torch.compiler.reset()
+    compiled = torch.compile(encoder, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):                                  # record, then replay the graphs
+        torch.compiler.cudagraph_mark_step_begin()
+        got = run(compiled)
+    torch.compiler.reset()
+    for name, a, b in zip(("output", "grad of sampling_offsets", "grad of level_embed"),
+                          got, eager):
+        # bf16 projections, fused differently: within 5% of the largest magnitude
+        error = (a - b).abs().max().item()
+        assert error <= 5e-2 * b.abs().max().item(), (name, error, b.abs().max().item())

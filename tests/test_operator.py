@@ -295,6 +295,58 @@ def test_dtype_mismatch_is_a_value_error_naming_the_dtypes():
         sk.multi_scale_deformable_attn(**args)
 
 
+def check_mixed_precision(args, dtype, fn=sk.multi_scale_deformable_attn):
+    """``fn(..., mixed_precision=True)`` on args with value turned ``dtype`` (fp32
+    locations and weights) against the fp64 reference on the same values; returns the
+    output and the three gradients."""
+    args["value"] = args["value"].detach().to(dtype).requires_grad_()
+    batch, queries = args["sampling_locations"].shape[:2]
+    channels = args["value"].shape[2] * args["value"].shape[3]
+    grad_output = torch.randn(batch, queries, channels,
+                              generator=torch.Generator().manual_seed(5)).to(dtype)
+    expected, grads = fp64_reference(args, grad_output)
+    out = fn(*(args[k] for k in ARG_NAMES), mixed_precision=True)
+    assert out.dtype == dtype
+    assert_scaled_close(out, expected, TOLERANCE[dtype], "mixed forward", MSDA_OUTPUT_AXES)
+    out.backward(grad_output.to(out.device))
+    got = [args[k].grad for k in ("value", "sampling_locations", "attention_weights")]
+    assert [g.dtype for g in got] == [dtype, torch.float32, torch.float32]
+    # The arithmetic is fp32 throughout: location and weight gradients to fp32 tolerance.
+    assert_scaled_close(got[0], grads[0], GRAD_TOLERANCE[dtype], "grad of value")
+    assert_scaled_close(got[1], grads[1], GRAD_TOLERANCE[torch.float32],
+                        "grad of sampling_locations", ignore=on_a_pixel_boundary(args))
+    assert_scaled_close(got[2], grads[2], GRAD_TOLERANCE[torch.float32],
+                        "grad of attention_weights")
+    return [out.detach()] + [g.clone() for g in got]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mixed_precision_takes_fp32_locations_and_weights(dtype):
+    """mixed_precision=True: a 16-bit value with fp32 locations and weights, as autocast
+    leaves a model, runs without widening value; the output and grad_value come in value's
+    dtype, the location and weight gradients in fp32, all matching the fp64 reference."""
+    args = inputs(batch=2, queries=4, heads=2, shapes=[[3, 4], [2, 2]], requires_grad=True)
+    check_mixed_precision(args, dtype)
+
+
+def test_mixed_precision_is_asked_for_and_nothing_else_mixes():
+    """Without mixed_precision the dtypes must match (mmcv), also right after a mixed call
+    of the same signature; with it, only a 16-bit value with fp32 locations and weights."""
+    args = _bad(lambda a: a.update(value=a["value"].to(torch.bfloat16)))
+    sk.multi_scale_deformable_attn(**args, mixed_precision=True)
+    with pytest.raises(ValueError, match="dtypes"):
+        sk.multi_scale_deformable_attn(**args)
+    with pytest.raises(ValueError, match="dtypes"):
+        sk.MultiScaleDeformableAttnFunction.apply(*(args[k] for k in ARG_NAMES), 64)
+    half_weights = dict(args, attention_weights=args["attention_weights"].to(torch.bfloat16))
+    with pytest.raises(TypeError, match="attention_weights has dtype torch.bfloat16 but "
+                                        "sampling_locations has float32"):
+        sk.multi_scale_deformable_attn(**half_weights, mixed_precision=True)
+    wide_value = _bad(lambda a: a.update(sampling_locations=a["sampling_locations"].half()))
+    with pytest.raises(ValueError, match="dtypes"):
+        sk.multi_scale_deformable_attn(**wide_value, mixed_precision=True)
+
+
 def test_bad_shape_tensors_after_a_valid_call_are_still_refused():
     """The checks of one argument signature are remembered; the shape tensors are checked
     per tensor object, so new ones with the same value, locations and weights are checked."""
@@ -351,6 +403,20 @@ def test_gpu_decoder_preset(dtype, distribution):
     args = preset_inputs("decoder", distribution=distribution, dtype=dtype, device="cuda",
                          requires_grad=True)
     check_forward_and_backward(args, dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_mixed_precision_decoder_preset():
+    """bf16 values with fp32 locations and weights on the decoder preset, eagerly and
+    under torch.compile(fullgraph=True) (the kernels the compiler launches itself)."""
+    eager = check_mixed_precision(preset_inputs("decoder", dtype=torch.float32, device="cuda",
+                                                requires_grad=True), torch.bfloat16)
+    torch.compiler.reset()
+    compiled = torch.compile(sk.multi_scale_deformable_attn, fullgraph=True)
+    got = check_mixed_precision(preset_inputs("decoder", dtype=torch.float32, device="cuda",
+                                              requires_grad=True), torch.bfloat16, compiled)
+    torch.compiler.reset()
+    torch.testing.assert_close(got[0], eager[0])
 
 
 @pytest.mark.gpu

@@ -19,6 +19,11 @@ fp32 and under bf16 autocast.  Two figures per case, never mixed:
   end (what a training loop experiences: the larger of host and GPU time);
 - ``device_ms``: the profiler's sum of the kernels one step launches (median of 3 steps).
 
+With ``--profile``, each eager case also records where one step's host time goes: the
+profiler's operators with the most CPU time of their own, and how many times the step
+waits for the device or asks the driver for memory (synchronisations, ``.item()``,
+cudaMalloc/cudaFree), beside the number of kernels it launches.
+
 Cases run in order of importance and no new case starts after ``--budget-s`` seconds; the
 file is written after every case.  ``--smoke`` runs the eager code paths on the CPU at toy
 sizes (Triton's interpreter; no timing worth reading) and writes model_steps_smoke.json.
@@ -134,7 +139,35 @@ def device_ms(step, steps=3):
     return statistics.median(per_step)
 
 
-def measure(model, precision, mode, core, cfg, device, smoke):
+# Profiler event names counted per step by --profile (substring -> what it stands for).
+HOST_EVENTS = {"Synchronize": "synchronisations", "_local_scalar_dense": "item_calls",
+               "cudaMalloc": "cuda_mallocs", "cudaFree": "cuda_frees",
+               "LaunchKernel": "kernel_launches", "cudaMemcpy": "memcpys"}
+
+
+def host_profile(step):
+    """Where one step's host time goes: operators by their own CPU time, and counts of the
+    events of HOST_EVENTS."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    counts = {name: 0 for name in HOST_EVENTS.values()}
+    for evt in averages:
+        for needle, name in HOST_EVENTS.items():
+            if needle in evt.key:
+                counts[name] += evt.count
+    top = sorted(averages, key=lambda evt: -evt.self_cpu_time_total)[:20]
+    return {"counts": counts,
+            "top_self_cpu": [{"op": evt.key[:80], "count": evt.count,
+                              "self_cpu_us": round(evt.self_cpu_time_total, 1)}
+                             for evt in top]}
+
+
+def measure(model, precision, mode, core, cfg, device, smoke, profile_host=False):
     import torch
     net, inputs, target = build(model, core, cfg, device)
     step = make_step(net, inputs, target, precision, mode, cfg["lr"], device)
@@ -158,6 +191,8 @@ def measure(model, precision, mode, core, cfg, device, smoke):
     row["wall_ms_runs"] = walls
     row["steps_per_run"] = timed
     row["device_ms"] = None if smoke else device_ms(step)
+    if profile_host and mode == "eager" and not smoke:
+        row["host_profile"] = host_profile(step)
     row["last_loss"] = float(loss.item())
     if device.type == "cuda":
         row["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
@@ -176,7 +211,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cores", nargs="+", default=["triton"],
                         help="cores to time: triton, grid_sample or MODULE:FUNCTION")
     parser.add_argument("--only", nargs="+", metavar="MODEL/PRECISION/MODE",
-                        help="run only these cases (e.g. decoder/fp32/eager)")
+                        help="run only these cases, in this order (e.g. decoder/fp32/eager)")
+    parser.add_argument("--profile", action="store_true",
+                        help="record where an eager step's host time goes")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     repo_on_path()
@@ -205,8 +242,8 @@ def main(argv=None) -> int:
                        "model (fullgraph), the optimiser step stays eager",
                "rows": []}
     todo = cases(args.cores)
-    if args.only:
-        todo = [c for c in todo if "/".join(c[:3]) in args.only]
+    if args.only:                       # in the order given
+        todo = [c for name in args.only for c in todo if "/".join(c[:3]) == name]
     if args.smoke:
         todo = [c for c in todo if c[2] == "eager" and c[1] == "fp32"]
     for model, precision, mode, core in todo:
@@ -215,7 +252,8 @@ def main(argv=None) -> int:
             break
         print(f"[{time.time() - started:6.1f}s] {model} {precision} {mode} {core}", flush=True)
         try:
-            row = measure(model, precision, mode, core, cfg, device, args.smoke)
+            row = measure(model, precision, mode, core, cfg, device, args.smoke,
+                          args.profile)
             print(f"    wall {row['wall_ms']:.2f} ms/step  device {row['device_ms'] or 0:.2f} "
                   f"ms/step  (warm-up {row['warmup_s']:.1f} s)", flush=True)
         except Exception as exc:                                     # noqa: BLE001
