@@ -22,7 +22,8 @@ Two ways to use it:
 Tests about the package itself rather than the operator (its registered custom op, its
 default for ``fp32_grad_accum``, ``torch.compile`` of its custom op, its internal kernel
 variants, its memory of checked arguments, and what it accepts beyond mmcv's contract:
-``value_level_start_index=None``, a dtype mismatch that is also a ValueError) are
+``value_level_start_index=None``, a dtype mismatch that is also a ValueError, the
+``mixed_precision`` option for a 16-bit value beside fp32 locations and weights) are
 deselected by name.  Any other test that never calls the swapped operator is
 reported as skipped ("tests the package, not the operator under test") rather than passed:
 its pass would be a pass of the package's code.
@@ -51,7 +52,9 @@ PACKAGE_ONLY = ("test_default_fp32_grad_accum", "test_custom_op_passes_opcheck",
                 "test_row_kernels_match_fp64", "test_level_start_index_may_be_none",
                 "test_dtype_mismatch_is_a_value_error_naming_the_dtypes",
                 "test_bad_shape_tensors_after_a_valid_call_are_still_refused",
-                "test_int32_shapes_and_repeated_calls_agree")
+                "test_int32_shapes_and_repeated_calls_agree",
+                "test_mixed_precision_is_asked_for_and_nothing_else_mixes",
+                "test_mixed_precision_takes_fp32_locations_and_weights")
 NOT_THE_OPERATOR = "tests the package, not the operator under test"
 
 __all__ = ["SwapOperator", "run", "TEST_FILE", "PACKAGE_ONLY"]
