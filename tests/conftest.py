@@ -25,7 +25,7 @@ def require_system_package(package: str) -> str:
     if found:
         return found
     message = (f"{purpose}, and the system package {package} is not installed "
-               f"(to run this test: sudo apt-get install {package}, or `make test` as root)")
+               f"(to run this test: sudo apt-get install {package})")
     if os.environ.get("CI"):
         pytest.fail(message + "; CI must provide it")
     pytest.skip(message)

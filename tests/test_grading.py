@@ -533,7 +533,7 @@ def test_feedback_goes_back_through_the_exchange_and_zip_collect_collects(tmp_pa
     """The rest of the instructor's loop on the fixture course: one submission through the
     exchange is autograded, its feedback released and fetched by the student (the HTML only);
     and ``zip_collect`` files an archive of notebooks named <student>_<lab>.ipynb with the
-    pattern the README gives."""
+    pattern the instructors' guide (book/instructors.md) gives."""
     _sandbox_or_skip()
     course = tmp_path / "course"
     shutil.copytree(FIXTURE, course)
