@@ -32,9 +32,12 @@ system-packages:
 	  command -v $$program >/dev/null 2>&1 && continue; \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "make: installing the system package $$package (apt-get)"; \
-	    [ -n "$$updated" ] || { apt-get update -qq >/dev/null && updated=1; }; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$package >/dev/null \
-	      || echo "make: could not install $$package; the tests that need it will skip"; \
+	    log=$$(mktemp); \
+	    { [ -n "$$updated" ] || { apt-get update -qq && updated=1; }; } >"$$log" 2>&1; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$package >>"$$log" 2>&1 \
+	      || { tail -n 5 "$$log"; \
+	           echo "make: could not install $$package; the tests that need it will skip"; }; \
+	    rm -f "$$log"; \
 	  else \
 	    echo "make: $$package is not installed; the tests that need it will skip" \
 	         "(to run them: sudo apt-get install $$package)"; \
