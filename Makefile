@@ -52,7 +52,8 @@ book: $(STAMP)
 test: $(STAMP) system-packages
 	$(RUN) $(BIN)/python -m pytest
 
-# JupyterLab on the course, from the course's environment (root needs --allow-root).
+# JupyterLab on the course, from the course's environment (root needs --allow-root), serving
+# the repository root: nbgrader's extensions need the course directory inside the server's root.
 # `make lab LAB=lab00_the_idea` first makes the lab's student version (release/, if missing)
 # and opens it.
 LAB ?=
@@ -62,7 +63,8 @@ ifneq ($(LAB),)
 	  $(RUN) $(BIN)/nbgrader generate_assignment $(LAB) --log-level=WARN
 endif
 	$(RUN) PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(BIN)/jupyter lab \
-	  $(if $(LAB),release/$(LAB)/$(LAB).ipynb) $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+	  --ServerApp.root_dir="$(CURDIR)" $(if $(LAB),release/$(LAB)/$(LAB).ipynb) \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 clean:
 	rm -rf _build release submitted autograded feedback autograde_status

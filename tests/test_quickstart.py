@@ -108,6 +108,7 @@ def test_make_lab_starts_jupyterlab_for_root_and_others():
     recipe = _make_dry_run("lab", "LAB=lab00_the_idea")
     assert "nbgrader generate_assignment lab00_the_idea" in recipe
     assert "jupyter lab" in recipe and "release/lab00_the_idea/lab00_the_idea.ipynb" in recipe
+    assert f'--ServerApp.root_dir="{REPO}"' in recipe, "nbgrader needs the course inside the root"
     assert '[ "$(id -u)" = 0 ] && echo --allow-root' in recipe
 
 
