@@ -1,28 +1,70 @@
-# Two commands set up a fresh machine:  `make book`  and  `make test`.
-# Both create .venv (if needed) from requirements.txt first.
+# The README's quick start is two commands:  `make book`  and  `make test`.
+# Both create .venv (if needed) from requirements.txt first.  `make lab` starts JupyterLab.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUN    := PATH="$(abspath $(BIN)):$$PATH"
 
-.PHONY: setup book test clean
+# System packages some tests use, installed by `make test` where it can (root and apt-get):
+#   bubblewrap  the grading sandbox (tests/test_grading.py runs student code under bwrap)
+#   chromium    the browser tests (tests/test_browser.py, tests/test_jupyterlab.py)
+# Elsewhere the tests that need one skip, naming the command that installs it.
+SYSTEM_PACKAGES := bubblewrap:bwrap chromium:chromium
 
-$(STAMP): requirements.txt
+.PHONY: setup system-packages book test lab clean
+
+$(STAMP): requirements.txt pyproject.toml scripts/ipython_kernel_config.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
+	mkdir -p $(VENV)/etc/ipython
+	cp scripts/ipython_kernel_config.py $(VENV)/etc/ipython/ipython_kernel_config.py
 	touch $(STAMP)
 
 setup: $(STAMP)
 
+# Debian/Ubuntu packages, one at a time so that one unavailable package does not stop the other.
+system-packages:
+	@for entry in $(SYSTEM_PACKAGES); do \
+	  package=$${entry%%:*}; program=$${entry##*:}; \
+	  command -v $$program >/dev/null 2>&1 && continue; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: installing the system package $$package (apt-get)"; \
+	    log=$$(mktemp); \
+	    { [ -n "$$updated" ] || { apt-get update -qq && updated=1; }; } >"$$log" 2>&1; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$package >>"$$log" 2>&1 \
+	      || { tail -n 5 "$$log"; \
+	           echo "make: could not install $$package; the tests that need it will skip"; }; \
+	    rm -f "$$log"; \
+	  else \
+	    echo "make: $$package is not installed; the tests that need it will skip" \
+	         "(to run them: sudo apt-get install $$package)"; \
+	  fi; \
+	done
+
 # Build the course book into _build/html (strict: a warning or a failing cell fails it).
 book: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter-book build book
+	$(RUN) $(BIN)/jupyter-book build book
 
 # The whole test suite; GPU-only tests skip themselves without a GPU.
-test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+test: $(STAMP) system-packages
+	$(RUN) $(BIN)/python -m pytest
+
+# JupyterLab on the course, from the course's environment (root needs --allow-root), serving
+# the repository root: nbgrader's extensions need the course directory inside the server's root.
+# `make lab LAB=lab00_the_idea` first makes the lab's student version (release/, if missing)
+# and opens it.
+LAB ?=
+lab: $(STAMP)
+ifneq ($(LAB),)
+	@test -f release/$(LAB)/$(LAB).ipynb || \
+	  $(RUN) $(BIN)/nbgrader generate_assignment $(LAB) --log-level=WARN
+endif
+	$(RUN) PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(BIN)/jupyter lab \
+	  --ServerApp.root_dir="$(CURDIR)" $(if $(LAB),release/$(LAB)/$(LAB).ipynb) \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 clean:
 	rm -rf _build release submitted autograded feedback autograde_status

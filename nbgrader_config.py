@@ -4,7 +4,7 @@ The nbgrader commands are nbgrader's own (generate_assignment, release_assignmen
 autograde, generate_feedback, export); ``autograde.nbgrader_setup.configure`` swaps in the
 course's grading steps: a sandboxed kernel, hidden checks decided outside it, reports that
 keep ungradable submissions apart.  ``python -m autograde grade LAB`` grades a class in
-parallel.  The README's instructor section explains every setting below.
+parallel.  The instructors' guide, book/instructors.md, explains every setting below.
 """
 import os
 

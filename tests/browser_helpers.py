@@ -3,7 +3,8 @@
 - The browser is the system's ``/usr/bin/chromium`` (Debian's ``chromium`` package, which
   ``.ci/run`` installs).  Playwright only drives it: nothing here downloads a browser.
 - ``require_chromium()`` skips a test, with the reason, where that browser is absent (say a
-  laptop without it) but fails it on CI (``CI`` set), where ``.ci/run`` must have installed it.
+  laptop without it) but fails it on CI (``CI`` set), where ``make test`` must have installed
+  it (``require_system_package`` in conftest.py).
 - ``Offline`` guards a browser context: every request that does not go to the given loopback
   origin (or to ``data:``/``blob:`` URLs) is aborted and recorded, so a test can assert that
   nothing tried to leave the machine.
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import require_system_package
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -26,14 +28,13 @@ CHROMIUM_FLAGS = [
 def _missing(what: str, how: str):
     message = f"{what} is not available ({how})"
     if os.environ.get("CI"):
-        pytest.fail(f"{message}; CI must provide it (.ci/run installs it)")
+        pytest.fail(f"{message}; CI must provide it (its `make test` installs it)")
     pytest.skip(message)
 
 
 def require_chromium() -> Path:
     """The Chromium executable; skip (fail on CI) without it or without Playwright."""
-    if not CHROMIUM.exists():
-        _missing(str(CHROMIUM), "install Debian's chromium package: apt-get install chromium")
+    require_system_package("chromium")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:

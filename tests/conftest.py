@@ -1,7 +1,34 @@
+import os
+import shutil
+
 import pytest
 import torch
 
 import source_kernels  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
+
+# The Debian/Ubuntu packages some tests need, the program each provides, and what it is for.
+# `make test` installs them where it can (root and apt-get); see the Makefile.
+SYSTEM_PACKAGES = {
+    "bubblewrap": ("bwrap", "the grading sandbox runs student code under bubblewrap"),
+    "chromium": ("/usr/bin/chromium", "the browser tests drive the system's Chromium"),
+}
+
+
+def require_system_package(package: str) -> str:
+    """The path of the program that ``package`` provides. Where it is missing, the calling
+    test skips with a reason that names the command installing it; with ``CI`` set it fails
+    instead, because CI's ``make test`` installs both packages and a skip would hide the tests.
+    """
+    program, purpose = SYSTEM_PACKAGES[package]
+    found = program if os.path.isabs(program) and os.access(program, os.X_OK) \
+        else shutil.which(program) if not os.path.isabs(program) else None
+    if found:
+        return found
+    message = (f"{purpose}, and the system package {package} is not installed "
+               f"(to run this test: sudo apt-get install {package})")
+    if os.environ.get("CI"):
+        pytest.fail(message + "; CI must provide it")
+    pytest.skip(message)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,18 @@
-"""The H200 figures the README quotes are the ones in the committed results files: the
-operator's device time in results/bench_h200.json, the other implementations' in
-results/peers_h200.json."""
+"""The GPU figures the course quotes outside its chapters are those of the committed results
+files. They live on the book's measurements page, book/measurements.md (the README links to it
+and quotes no timing itself); every table of that page is compared here with the results file
+it names:
+
+- the operator's device time: results/bench_h200.json (``device_us`` of the ``triton`` rows);
+- the other implementations' device time: results/peers_h200.json;
+- the host's share of one call: ``dispatch_breakdown_us`` / ``_fp32_us`` of bench_h200.json;
+- Nsight Compute's counters: results/ncu_h200.json;
+- the decoder's lower limits: results/decoder_limits_h200.json;
+- grading throughput on a CPU: results/grading_throughput.json.
+
+The page and the README also say which torch and Triton the GPU figures were measured with
+and which ones requirements.txt pins; both are checked against the files.
+"""
 import json
 import re
 from pathlib import Path
@@ -8,71 +20,81 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "book" / "measurements.md"
+RESULTS = REPO / "results"
 
 
-def _readme_table():
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Measured on an NVIDIA H200", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines()
-            if line.startswith("| `")]
-    assert rows, "the README's H200 table is missing"
-    return rows
+def _load(name):
+    return json.loads((RESULTS / name).read_text())
+
+
+def _tables(text):
+    """Every markdown table of ``text`` as (header cells, [row cells])."""
+    tables, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("| ---"):
+            header = _cells(lines[i])
+            rows = []
+            i += 2
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append(_cells(lines[i]))
+                i += 1
+            tables.append((header, rows))
+        else:
+            i += 1
+    return tables
+
+
+def _cells(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _table(predicate, what):
+    found = [t for t in _tables(PAGE.read_text()) if predicate(t[0])]
+    assert len(found) == 1, f"book/measurements.md should hold one table of {what}"
+    return found[0][1]
 
 
 def _numbers(cell):
-    return [float(x.replace(",", "")) for x in re.findall(r"[\d,]+\.\d", cell)]
+    return re.findall(r"[\d,]+\.\d+", cell)
 
 
-def test_readme_h200_table_matches_results_file():
-    bench = json.loads((REPO / "results" / "bench_h200.json").read_text())
+def _fmt(value, digits=1):
+    return f"{value:,.{digits}f}"
+
+
+def test_operator_table_matches_bench_file():
+    bench = _load("bench_h200.json")
     device_us = {(r["preset"], r["distribution"], r["dtype"], r["direction"]): r["device_us"]
                  for r in bench["rows"] if r.get("impl") == "triton" and "error" not in r}
     checked = 0
-    for line in _readme_table():
-        cells = [c.strip() for c in line.strip("|").split("|")]
+    for cells in _table(lambda h: h[0] == "preset, locations", "the operator's device time"):
         preset, distribution = re.match(r"`([\w-]+)`, (\w+)", cells[0]).groups()
         dtypes = [d.strip() for d in cells[1].split("/")]
         for column, direction in ((2, "forward"), (3, "forward_backward")):
             quoted = _numbers(cells[column])
-            assert len(quoted) == len(dtypes), line
-            for dtype, value in zip(dtypes, quoted):
+            assert len(quoted) == len(dtypes), cells
+            for dtype, text in zip(dtypes, quoted):
                 measured = device_us[(preset, distribution, dtype, direction)]
-                assert round(measured, 1) == value, (
-                    f"README quotes {value} us for {preset} {distribution} {dtype} "
-                    f"{direction}; results/bench_h200.json has {measured:.1f}")
+                assert text == _fmt(measured), (
+                    f"book/measurements.md quotes {text} us for {preset} {distribution} "
+                    f"{dtype} {direction}; results/bench_h200.json has {measured:.1f}")
                 checked += 1
     assert checked >= 12
 
 
 PEER_COLUMNS = ("this_repository", "seed", "cuda_op", "dcnv4")
+PEER_STATUS_WORDS = {"unsupported": "no kernel", "refuses": "refuses",
+                     "wrong_backward": "wrong gradients"}
 
 
-def _peers_table():
-    """Rows of the README's table of other implementations (the H200 section's table whose
-    header names DCNv4), or None when the README has none."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Measured on an NVIDIA H200", 1)[1].split("\n## ", 1)[0]
-    lines = section.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("|") and "DCNv4" in line:
-            rows = []
-            for row in lines[i + 2:]:
-                if not row.startswith("|"):
-                    break
-                rows.append([c.strip() for c in row.strip().strip("|").split("|")])
-            return rows
-    return None
-
-
-def test_readme_peers_table_matches_peers_file():
-    rows = _peers_table()
-    if rows is None:
-        pytest.skip("README.md has no table of other implementations in its H200 section")
-    peers = json.loads((REPO / "results" / "peers_h200.json").read_text())
+def test_peers_table_matches_peers_file():
+    peers = _load("peers_h200.json")
     figures = {(r["preset"], r["direction"], r["dtype"], r["impl"]): r
                for r in peers["device_us"] if r["distribution"] == "uniform"}
     checked = 0
-    for cells in rows:
+    for cells in _table(lambda h: "DCNv4" in " ".join(h), "other implementations"):
         match = re.match(r"([\w-]+) (fwd\+bwd|fwd) ([\w /]+)$", cells[0])
         assert match, f"cannot read the case {cells[0]!r}"
         preset, direction, dtypes = match.groups()
@@ -80,15 +102,112 @@ def test_readme_peers_table_matches_peers_file():
         dtypes = [d.strip() for d in dtypes.split("/")]
         for impl, cell in zip(PEER_COLUMNS, cells[1:]):
             quoted = [q.strip() for q in cell.split("/")] if "/" in cell else [cell] * len(dtypes)
+            assert len(quoted) == len(dtypes), cells
             for dtype, text in zip(dtypes, quoted):
                 row = figures[(preset, direction, dtype, impl)]
-                number = re.match(r"[\d,]+\.\d", text)
                 if row["status"] == "measured":
-                    assert number and float(number.group(0).replace(",", "")) == row["us"], (
-                        f"README quotes {text!r} for {impl} {preset} {direction} {dtype}; "
-                        f"results/peers_h200.json has {row['us']}")
+                    expected = _fmt(row["us"])
+                    if "best_config_us" in row:
+                        expected += f" ({_fmt(row['best_config_us'])})"
                 else:
-                    assert not number, (f"README quotes {text!r} for {impl} {preset} "
-                                        f"{direction} {dtype}: the file says {row['status']}")
+                    expected = PEER_STATUS_WORDS[row["status"]]
+                assert text == expected, (
+                    f"book/measurements.md quotes {text!r} for {impl} {preset} {direction} "
+                    f"{dtype}; results/peers_h200.json gives {expected!r}")
                 checked += 1
     assert checked >= 24
+
+
+def test_dispatch_table_matches_bench_file():
+    bench = _load("bench_h200.json")
+    rows = _table(lambda h: h[0] == "the piece of one eager call", "the host's share")
+    assert {cells[0] for cells in rows} == set(bench["dispatch_breakdown_us"])
+    for label, bf16, fp32 in rows:
+        for text, key in ((bf16, "dispatch_breakdown_us"), (fp32, "dispatch_breakdown_fp32_us")):
+            assert _numbers(text) == [_fmt(bench[key][label])], (label, key, text)
+
+
+NCU_COLUMNS = {"L1/texture": "l1tex__throughput.avg.pct_of_peak_sustained_elapsed",
+               "L2": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+               "DRAM": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+               "SM issue": "sm__throughput.avg.pct_of_peak_sustained_elapsed"}
+
+
+def test_ncu_table_matches_ncu_file():
+    launches = {launch["case"]: launch for launch in _load("ncu_h200.json")["launches"]}
+    header, rows = [t for t in _tables(PAGE.read_text())
+                    if "busiest unit, % of peak" in t[0]][0]
+    assert {cells[0] for cells in rows} == set(launches)
+    for cells in rows:
+        launch = launches[cells[0]]
+        assert cells[1] == f"`{launch['kernel']}`"
+        assert cells[2] == f"{launch['busiest_unit']}, {launch['busiest_pct_of_peak']:.1f}%"
+        for name, metric in NCU_COLUMNS.items():
+            value = launch["metrics"][metric]["value"]
+            assert cells[header.index(name)] == f"{value:.1f}%", (cells[0], name)
+
+
+def test_decoder_limits_table_matches_its_file():
+    limits = {(r["preset"], r["dtype"]): r for r in _load("decoder_limits_h200.json")["rows"]}
+    rows = _table(lambda h: "a gather of its corner rows only" in h, "the decoder's limits")
+    assert len(rows) == len(limits)
+    for cells in rows:
+        row = limits[(cells[0].strip("`"), cells[1])]
+        for cell, key in zip(cells[2:], ("forward_us", "gather_us", "empty_kernel_us")):
+            assert _numbers(cell) == [_fmt(row[key])], (cells, key)
+
+
+def test_grading_throughput_table_matches_its_file():
+    runs = {r["assignment"]: r for r in _load("grading_throughput.json")["runs"]}
+    rows = _table(lambda h: "`nbgrader autograde`" in h, "grading throughput")
+    assert {cells[0].strip("`") for cells in rows} == set(runs)
+    for cells in rows:
+        run = runs[cells[0].strip("`")]
+        assert cells[1] == str(run["submissions"])
+        assert _numbers(cells[2]) == [_fmt(run["sequential"]["seconds"])]
+        assert _numbers(cells[3]) == [_fmt(run["parallel"]["seconds"])]
+        assert cells[4] == f"{run['speedup']:.2f}"
+        assert cells[5] == ("yes" if run["same_scores"] else "no")
+
+
+def _version(text):
+    """'2.11.0+cu130' -> '2.11.0'"""
+    return text.split("+", 1)[0]
+
+
+def test_the_stack_is_stated_as_the_files_record_it():
+    requirements = (REPO / "requirements.txt").read_text()
+    pinned = dict(re.findall(r"^(torch|triton)==([\d.]+)", requirements, re.M))
+    gpu_files = sorted(RESULTS.glob("*_h200*.json"))
+    stacks = set()
+    for path in gpu_files:
+        provenance = json.loads(path.read_text()).get("provenance", {})
+        if "torch" in provenance:
+            stacks.add((_version(provenance["torch"]), _version(provenance["triton"])))
+    assert len(stacks) == 1, f"the GPU results files record several stacks: {stacks}"
+    torch_gpu, triton_gpu = stacks.pop()
+    page = PAGE.read_text()
+    readme = (REPO / "README.md").read_text()
+    for name, text in (("book/measurements.md", page), ("README.md", readme)):
+        flat = " ".join(text.split()).replace("*", "")
+        assert f"torch {torch_gpu} and Triton {triton_gpu}" in flat, (
+            f"{name} should say the GPU figures come from torch {torch_gpu} / Triton "
+            f"{triton_gpu}")
+        assert f"torch {pinned['torch']} with Triton {pinned['triton']}" in flat, (
+            f"{name} should name requirements.txt's pair, torch {pinned['torch']} / "
+            f"Triton {pinned['triton']}")
+
+
+def test_readme_quotes_no_timing_of_its_own():
+    """Timings live on the measurements page, where they are checked; the README links there."""
+    readme = (REPO / "README.md").read_text()
+    quoted = re.findall(r"\d[\d,.]*\s*(?:µs|us|ms)\b", readme)
+    assert not quoted, f"README.md quotes timings {quoted}: put them in book/measurements.md"
+
+
+@pytest.mark.parametrize("name", ["bench_h200.json", "peers_h200.json",
+                                  "decoder_limits_h200.json", "grading_throughput.json"])
+def test_the_quoted_files_record_their_versions(name):
+    provenance = _load(name)["provenance"]
+    assert provenance.get("torch") and provenance.get("triton"), (
+        f"results/{name} does not record the torch and Triton it was measured with")

@@ -1,0 +1,203 @@
+"""The README's quick start is what CI and the book test run, and the README holds nothing stale.
+
+- The quick start (read by scripts/quickstart.py) is two commands: one builds the book, one
+  runs the tests; each is a Makefile target whose recipe does that (``make -n``).
+- ``.ci/run`` runs the README's test command exactly as written (run here with a stand-in
+  ``make`` that records its arguments), and tests/test_book.py builds the book with the
+  README's book command.
+- Every ``make`` target the README names exists; every repository path the README and the
+  book's reference pages name exists; no placeholder text is left in them.
+- ``make system-packages`` (run by ``make test``) never fails for a missing system package:
+  without root or apt-get it says what to install, and the tests that need the package skip
+  with a reason naming the command (conftest.require_system_package).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+MAKE = shutil.which("make")
+# the pages the README sends each reader to
+PAGES = [REPO / "book" / name for name in ("labs.md", "instructors.md", "operator.md",
+                                           "measurements.md")]
+
+sys.path.insert(0, str(REPO / "scripts"))
+import quickstart  # noqa: E402
+
+sys.path.pop(0)
+
+needs_make = pytest.mark.skipif(MAKE is None, reason="needs make (sudo apt-get install make)")
+
+
+def _make_dry_run(*args: str) -> str:
+    """``make -n`` of ``args`` in the repository, with the virtual environment's setup left
+    out (it is not what these checks are about)."""
+    result = subprocess.run([MAKE, "-n", "-o", ".venv/.installed", *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _makefile_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text()
+    return set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", text, re.M))
+
+
+def test_the_quick_start_is_two_make_commands():
+    commands = quickstart.commands()
+    assert shlex.split(commands["book"])[:2] == ["make", "book"], commands
+    assert shlex.split(commands["test"])[:2] == ["make", "test"], commands
+
+
+@needs_make
+def test_the_quick_start_targets_build_the_book_and_run_the_tests():
+    commands = quickstart.commands()
+    book = _make_dry_run(*shlex.split(commands["book"])[1:])
+    assert "jupyter-book build book" in book, book
+    test = _make_dry_run(*shlex.split(commands["test"])[1:])
+    assert "-m pytest" in test, test
+    assert "apt-get install" in test, "make test should install the system packages it can"
+
+
+def test_ci_runs_the_readme_test_command_as_written(tmp_path):
+    """.ci/run, run for real, with a stand-in `make` that records what it was asked."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "make-args"
+    stand_in = bin_dir / "make"
+    stand_in.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {shlex.quote(str(record))}\n')
+    stand_in.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    result = subprocess.run(["bash", str(REPO / ".ci" / "run")], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = ["make", *record.read_text().split()]
+    assert ran == shlex.split(quickstart.commands()["test"]), ran
+
+
+def test_the_book_test_builds_with_the_readme_book_command():
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        import test_book
+    finally:
+        sys.path.pop(0)
+    written = shlex.split(quickstart.commands()["book"])
+    assert test_book._readme_book_command()[:len(written)] == written
+
+
+def test_every_make_target_the_readme_names_exists():
+    text = README.read_text()
+    code = re.findall(r"```.*?```", text, re.S) + re.findall(r"`[^`\n]+`", text)
+    named = {target for chunk in code for target in re.findall(r"\bmake ([a-z][\w-]*)", chunk)}
+    assert {"book", "test", "lab"} <= named, named
+    missing = named - _makefile_targets()
+    assert not missing, f"README.md names make targets the Makefile lacks: {missing}"
+
+
+@needs_make
+def test_make_lab_starts_jupyterlab_for_root_and_others():
+    recipe = _make_dry_run("lab", "LAB=lab00_the_idea")
+    assert "nbgrader generate_assignment lab00_the_idea" in recipe
+    assert "jupyter lab" in recipe and "release/lab00_the_idea/lab00_the_idea.ipynb" in recipe
+    assert f'--ServerApp.root_dir="{REPO}"' in recipe, "nbgrader needs the course inside the root"
+    assert '[ "$(id -u)" = 0 ] && echo --allow-root' in recipe
+
+
+def _links_and_paths(text: str) -> set[str]:
+    """Relative link targets, and backticked tokens that look like repository paths."""
+    links = {target.split("#", 1)[0] for target in re.findall(r"\]\(([^)\s]+)\)", text)
+             if not re.match(r"[a-z]+:", target)}
+    paths = {token for token in re.findall(r"`([\w.-]+/[\w./-]*)`", text)
+             if "*" not in token}
+    return {item for item in links | paths if item}
+
+
+@pytest.mark.parametrize("document", [README, *PAGES], ids=lambda p: p.name)
+def test_every_path_named_exists(document):
+    tracked_tops = {p.name for p in REPO.iterdir()} - {"_build", "release", ".venv"}
+    missing = []
+    for item in sorted(_links_and_paths(document.read_text())):
+        linked = (document.parent / item) if document != README else (REPO / item)
+        if linked.exists():
+            continue
+        top = item.split("/", 1)[0]
+        # a path under a folder the repository tracks must exist; outputs (release/, _build/,
+        # submitted/<student>/...) are made by the commands the text describes
+        if top in tracked_tops and "<" not in item and not (REPO / item).exists():
+            missing.append(item)
+    assert not missing, f"{document.name} names paths that do not exist: {missing}"
+
+
+def _prose(text: str) -> str:
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return re.sub(r"`[^`]*`", "", text)
+
+
+@pytest.mark.parametrize("document", [README, *PAGES], ids=lambda p: p.name)
+def test_no_placeholder_or_note_to_self_is_left(document):
+    prose = _prose(document.read_text())
+    placeholders = re.findall(r"\b[A-Z]{2,}(?:_[A-Z0-9]+)+\b", prose)
+    assert not placeholders, f"{document.name}: unfilled placeholders {placeholders}"
+    for phrase in ("TODO", "TBD", "FIXME", "XXX", "has not been timed", "not been measured yet",
+                   "lorem ipsum"):
+        assert phrase.lower() not in prose.lower(), f"{document.name}: {phrase!r}"
+
+
+def test_the_readme_stays_a_front_door():
+    lines = README.read_text().splitlines()
+    assert len(lines) < 200, f"README.md has {len(lines)} lines"
+    text = README.read_text()
+    for package in ("bubblewrap", "chromium"):
+        assert package in text, f"README.md should say what {package} is for"
+
+
+def test_the_toc_holds_the_reference_pages():
+    toc = (REPO / "_toc.yml").read_text()
+    for page in PAGES:
+        assert f"file: {page.stem}\n" in toc, f"{page.name} is not in _toc.yml"
+
+
+def test_a_missing_system_package_skips_naming_the_command(monkeypatch):
+    import conftest
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setitem(conftest.SYSTEM_PACKAGES, "bubblewrap",
+                        ("no-such-program-here", "the grading sandbox"))
+    with pytest.raises(pytest.skip.Exception, match="sudo apt-get install bubblewrap"):
+        conftest.require_system_package("bubblewrap")
+
+
+@needs_make
+@pytest.mark.parametrize("uid, apt_get", [(1000, None), (0, None), (0, 100)],
+                         ids=["not-root", "root-without-apt-get", "root-apt-get-fails"])
+def test_make_system_packages_never_fails(tmp_path, uid, apt_get):
+    """``make system-packages`` where neither package is installed: as another user, as root
+    without apt-get, and as root where apt-get fails. It says what is missing and succeeds."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+    if apt_get is not None:
+        (bin_dir / "apt-get").write_text(f"#!/bin/sh\nexit {apt_get}\n")
+    for stand_in in bin_dir.iterdir():
+        stand_in.chmod(0o755)
+    for tool in ("mktemp", "tail", "rm"):       # the recipe's helpers, and nothing else
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    result = subprocess.run([MAKE, "-s", "system-packages"], cwd=REPO,
+                            env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+                            capture_output=True, text=True, timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for package in ("bubblewrap", "chromium"):
+        if apt_get is None:
+            assert f"sudo apt-get install {package}" in output, output
+        else:
+            assert f"could not install {package}" in output, output
