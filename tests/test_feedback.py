@@ -1,0 +1,223 @@
+"""The feedback a student gets back, on a real lab: pending hand-grading, maths offline.
+
+Lab 07 has three written answers (7 of its 16 points) and maths in its text.  The module
+fixture takes one student, ``ada``, through nbgrader's own commands with the repository's
+course configuration: ``generate_assignment``, ``release_assignment``; ada answers two of
+the written questions (with maths) and codes one function in a copy of the release, and
+submits; ``collect``, ``autograde``, ``generate_feedback``, ``release_feedback``; ada fetches
+her feedback.
+
+- ``test_feedback_says_pending_until_the_instructor_grades``: before hand-grading, the two
+  answered questions read "pending: graded by hand" and the total leaves their 5 points out
+  ("... so far, 5.0 points pending hand-grading"); the unanswered one is an automatic 0, not
+  pending.  Manual scores set in the gradebook then show after ``generate_feedback``.
+- ``test_fetched_feedback_typesets_its_maths_offline``: the page ada fetched, opened from
+  disk in Debian's Chromium with every request off the page aborted and recorded: MathJax
+  (inside the page) typesets every formula, with no error and no request at all.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from browser_helpers import Offline, chromium, require_chromium, screenshot_dir
+from nbgrader_helpers import ASSIGNMENTS, make_course, read_scores, run_nbgrader
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = "lab07_the_other_direction"
+STUDENT = "ada"
+COURSE_ID = "msda-triton"                     # nbgrader_config.py's CourseDirectory.course_id
+# two written answers, with maths; lab07_derivation_value is left as released (unanswered)
+ANSWERS = {
+    "lab07_derivation_attn": (
+        "The output is $o = \\sum_{l,k} a_{lk}\\, s_{lk}$, linear in each weight, so "
+        "$\\partial \\mathcal{L} / \\partial a_{lk} = g \\cdot s_{lk}$ with $g$ the output's "
+        "gradient."),
+    "lab07_derivation_loc": (
+        "Only the bilinear weights move with $x_{im}$:\n\n"
+        "$$\\frac{\\partial s}{\\partial x_{im}} = (1 - d_y)(v_{01} - v_{00}) "
+        "+ d_y (v_{11} - v_{10}),$$\n\nthen the chain rule through $x_{im} = x W - 0.5$."),
+}
+PENDING = {"lab07_derivation_attn": 2.0, "lab07_derivation_loc": 3.0}
+UNANSWERED = "lab07_derivation_value"
+SOLVED = "lab07_grad_attn"                     # ada's code for this one is the source's
+
+
+def _grade_id(cell):
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    base = tmp_path_factory.mktemp("feedback")
+    course = make_course(base / "course", LAB)
+    exchange = base / "exchange"
+    exchange.mkdir()
+    with open(course / "nbgrader_config.py", "a") as config:
+        config.write(f"c.Exchange.root = {str(exchange)!r}\n")
+    home = base / "home"
+    home.mkdir()
+    student = [f"--Exchange.root={exchange}", f"--Exchange.cache={base / 'cache'}",
+               f"--CourseDirectory.course_id={COURSE_ID}", f"--student={STUDENT}"]
+
+    run_nbgrader(course, "generate_assignment", LAB)
+    run_nbgrader(course, "release_assignment", LAB)
+    shutil.copytree(course / "release" / LAB, home / LAB)     # what fetch_assignment gives
+    path = home / LAB / f"{LAB}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    source = {_grade_id(c): c for c in nbformat.read(ASSIGNMENTS / LAB / f"{LAB}.ipynb",
+                                                     as_version=4).cells}
+    for cell in nb.cells:
+        if _grade_id(cell) in ANSWERS:
+            cell.source = ANSWERS[_grade_id(cell)]
+        elif _grade_id(cell) == SOLVED:
+            cell.source = source[SOLVED].source
+    nbformat.write(nb, path)
+    run_nbgrader(home, "submit", LAB, *student)
+    run_nbgrader(course, "collect", LAB)
+    run_nbgrader(course, "autograde", LAB)
+    run_nbgrader(course, "generate_feedback", LAB)
+    run_nbgrader(course, "release_feedback", LAB)
+    run_nbgrader(home, "fetch_feedback", LAB, *student)
+    fetched = sorted((home / LAB / "feedback").glob(f"*/{LAB}.html"))
+    assert len(fetched) == 1, fetched
+    return {"course": course, "fetched": fetched[0], "scores": read_scores(course, LAB, STUDENT)}
+
+
+def _feedback(course) -> str:
+    return (course / "feedback" / STUDENT / LAB / f"{LAB}.html").read_text()
+
+
+def _summary_result(html: str, grade_id: str) -> str:
+    """The text of the summary table's result column for ``grade_id``."""
+    row = re.search(rf'<tr><td><a href="#ag-{grade_id}">.*?</tr>', html, re.S)
+    assert row, f"no summary row for {grade_id}"
+    return re.sub(r"<[^>]+>", "", row.group(0).split("</td><td>")[-1]).strip()
+
+
+def _part_bar(html: str, grade_id: str) -> str:
+    """The text of the bar above ``grade_id``'s cell."""
+    part = re.search(rf'<section class="ag-part[^"]*" id="ag-{grade_id}">\s*'
+                     r'<div class="ag-bar">(.*?)</div>', html, re.S)
+    assert part, f"no graded part {grade_id}"
+    return " ".join(re.sub(r"<[^>]+>", " ", part.group(1)).split())
+
+
+def _total(html: str) -> str:
+    return re.search(r'<p class="ag-total">(.*?)</p>', html, re.S).group(1).strip()
+
+
+def _visible_text(html: str) -> str:
+    html = re.sub(r"<(script|style)\b.*?</\1>", "", html, flags=re.S)
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+
+def _set_manual_scores(course, scores: dict):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for grade_id, score in scores.items():
+            grade = gradebook.find_grade(grade_id, LAB, LAB, STUDENT)
+            grade.manual_score = score
+        gradebook.db.commit()
+
+
+@pytest.mark.slow
+def test_feedback_says_pending_until_the_instructor_grades(course):
+    scores = course["scores"]
+    auto, maximum = scores["total"]            # pending answers count 0 in the gradebook
+    assert maximum == 16.0
+    pending = sum(PENDING.values())
+
+    html = _feedback(course["course"])
+    assert _total(html) == (f"Score: {auto} / {maximum - pending} so far, "
+                            f"{pending} points pending hand-grading")
+    for grade_id, points in PENDING.items():
+        assert _summary_result(html, grade_id) == f"pending: graded by hand ({points} points)"
+        assert _part_bar(html, grade_id).endswith(
+            f"pending: graded by hand ({points} points) summary")
+        assert f"Score: 0.0 / {points}" not in _part_bar(html, grade_id)
+    # nbgrader scores an untouched written answer 0 itself: that is a score, not pending
+    assert _summary_result(html, UNANSWERED) == "Score: 0.0 / 2.0"
+    for grade_id in ("lab07_check_grad_attn", "lab07_hidden_grad_attn"):   # tests: scored
+        assert _summary_result(html, grade_id) == "Score: {} / {}".format(*scores[grade_id])
+    # the page fetches nothing (MathJax is inside it)
+    assert not re.search(r"<script[^>]*\bsrc=", html)
+    assert not re.search(r"<link[^>]*\bhref=", html)
+
+    # the instructor grades one answer: its score shows, the other stays pending
+    _set_manual_scores(course["course"], {"lab07_derivation_attn": 1.5})
+    run_nbgrader(course["course"], "generate_feedback", LAB, "--force")
+    html = _feedback(course["course"])
+    assert _summary_result(html, "lab07_derivation_attn") == "Score: 1.5 / 2.0"
+    assert _part_bar(html, "lab07_derivation_attn").endswith("Score: 1.5 / 2.0 summary")
+    assert _summary_result(html, "lab07_derivation_loc") == "pending: graded by hand (3.0 points)"
+    assert _total(html) == (f"Score: {auto + 1.5} / {maximum - 3.0} so far, "
+                            "3.0 points pending hand-grading")
+
+    # and the other: nothing is pending, the total is the whole notebook's
+    _set_manual_scores(course["course"], {"lab07_derivation_loc": 2.0})
+    run_nbgrader(course["course"], "generate_feedback", LAB, "--force")
+    html = _feedback(course["course"])
+    assert _summary_result(html, "lab07_derivation_loc") == "Score: 2.0 / 3.0"
+    assert _total(html) == f"Score: {auto + 3.5} / {maximum}"
+    assert "pending" not in _visible_text(html)
+
+
+# how the page's maths ended up: typeset formulas, MathJax errors, and text left with a $
+_MATH_FACTS = """async () => {
+  for (let i = 0; i < 300 && !(window.MathJax && MathJax.startup && MathJax.startup.promise);
+       i++)
+    await new Promise(r => setTimeout(r, 100));
+  await MathJax.startup.promise;
+  const prose = [...document.querySelectorAll('.jp-RenderedMarkdown')];
+  const raw = [];
+  for (const el of prose) {
+    const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT, {acceptNode: n =>
+      n.parentElement.closest('code, pre, mjx-container') ? NodeFilter.FILTER_REJECT
+                                                          : NodeFilter.FILTER_ACCEPT});
+    for (let n = walker.nextNode(); n; n = walker.nextNode())
+      if (/\\$|\\\\\\(|\\\\\\[/.test(n.textContent)) raw.push(n.textContent.trim().slice(0, 80));
+  }
+  return {
+    version: MathJax.version,
+    containers: document.querySelectorAll('mjx-container').length,
+    svg: document.querySelectorAll('mjx-container[jax="SVG"] svg').length,
+    errors: [...document.querySelectorAll('[data-mjx-error], mjx-merror, [data-mml-node="merror"]')]
+              .map(e => e.getAttribute('data-mjx-error') || e.textContent),
+    answer: document.querySelectorAll('#ag-lab07_derivation_loc mjx-container').length,
+    raw: raw,
+  };
+}"""
+
+
+@pytest.mark.slow
+def test_fetched_feedback_typesets_its_maths_offline(course):
+    require_chromium()
+    page_path = course["fetched"]
+    folder = page_path.parent.as_uri() + "/"
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        guard = Offline(context, folder)
+        requests, problems = [], []
+        context.on("request", lambda request: requests.append(request.url))
+        tab = context.new_page()
+        tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        tab.on("pageerror", lambda error: problems.append(str(error)))
+        tab.goto(page_path.as_uri(), wait_until="load")
+        facts = tab.evaluate(_MATH_FACTS)
+        tab.wait_for_timeout(500)               # anything MathJax would load late
+        tab.screenshot(path=str(screenshot_dir(ROOT) / "feedback_lab07.png"))
+        context.close()
+    assert guard.blocked == []
+    assert requests == [page_path.as_uri()], requests
+    assert problems == []
+    assert facts["version"] == "3.2.2"
+    assert facts["errors"] == []
+    assert facts["containers"] >= 20 and facts["svg"] == facts["containers"], facts
+    assert facts["answer"] == 3                # ada's display formula and two inline ones
+    assert facts["raw"] == [], facts["raw"]     # no formula left as TeX source
