@@ -11,6 +11,9 @@ her feedback.
   answered questions read "pending: graded by hand" and the total leaves their 5 points out
   ("... so far, 5.0 points pending hand-grading"); the unanswered one is an automatic 0, not
   pending.  Manual scores set in the gradebook then show after ``generate_feedback``.
+  The last feedback is generated the way the formgrader's button does it (nbgrader's
+  ``NbGraderAPI``, which insists on nbgrader's own template): the course's page still comes
+  out.
 - ``test_fetched_feedback_typesets_its_maths_offline``: the page ada fetched, opened from
   disk in Debian's Chromium with every request off the page aborted and recorded: MathJax
   (inside the page) typesets every formula, with no error and no request at all.
@@ -126,6 +129,19 @@ def _set_manual_scores(course, scores: dict):
         gradebook.db.commit()
 
 
+def _formgrader_feedback(course):
+    """Generate the feedback as the formgrader does: nbgrader's API, in this process, with
+    the course's nbgrader_config.py (the API sets HTMLExporter.template_name = 'feedback')."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    api = NbGraderAPI(CourseDirectory(config=config), config=config)
+    result = api.generate_feedback(LAB, STUDENT, force=True)
+    assert result["success"], result.get("error", "") + result.get("log", "")
+
+
 @pytest.mark.slow
 def test_feedback_says_pending_until_the_instructor_grades(course):
     scores = course["scores"]
@@ -159,9 +175,10 @@ def test_feedback_says_pending_until_the_instructor_grades(course):
     assert _total(html) == (f"Score: {auto + 1.5} / {maximum - 3.0} so far, "
                             "3.0 points pending hand-grading")
 
-    # and the other: nothing is pending, the total is the whole notebook's
+    # and the other, then the formgrader's "generate feedback": nothing is pending, the
+    # total is the whole notebook's
     _set_manual_scores(course["course"], {"lab07_derivation_loc": 2.0})
-    run_nbgrader(course["course"], "generate_feedback", LAB, "--force")
+    _formgrader_feedback(course["course"])
     html = _feedback(course["course"])
     assert _summary_result(html, "lab07_derivation_loc") == "Score: 2.0 / 3.0"
     assert _total(html) == f"Score: {auto + 3.5} / {maximum}"
@@ -211,7 +228,10 @@ def test_fetched_feedback_typesets_its_maths_offline(course):
         tab.goto(page_path.as_uri(), wait_until="load")
         facts = tab.evaluate(_MATH_FACTS)
         tab.wait_for_timeout(500)               # anything MathJax would load late
-        tab.screenshot(path=str(screenshot_dir(ROOT) / "feedback_lab07.png"))
+        shots = screenshot_dir(ROOT)
+        tab.screenshot(path=str(shots / "feedback_lab07.png"))
+        tab.locator("#ag-lab07_derivation_loc").scroll_into_view_if_needed()
+        tab.screenshot(path=str(shots / "feedback_lab07_written_answer.png"))
         context.close()
     assert guard.blocked == []
     assert requests == [page_path.as_uri()], requests
@@ -221,3 +241,55 @@ def test_fetched_feedback_typesets_its_maths_offline(course):
     assert facts["containers"] >= 20 and facts["svg"] == facts["containers"], facts
     assert facts["answer"] == 3                # ada's display formula and two inline ones
     assert facts["raw"] == [], facts["raw"]     # no formula left as TeX source
+
+
+# ---------------------------------------------------------------- the template alone, fast
+def test_template_words_pending_parts_late_penalty_and_comments():
+    """The course's template on a hand-made notebook (no gradebook, no kernel): each kind of
+    pending part, a comment, a late penalty, and the exporter's choice of template winning
+    over nbgrader's own (which the formgrader forces on HTMLExporter)."""
+    from traitlets.config import Config
+
+    from autograde.feedback import BY_HAND, ON_A_GPU, PENDING_TOTAL, CourseFeedbackExporter
+    from autograde.nbgrader_setup import configure
+
+    def cell(kind, source, **meta):
+        made = (nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell)(
+            source)
+        made.metadata["nbgrader"] = meta
+        return made
+
+    nb = nbformat.v4.new_notebook(cells=[
+        cell("md", "Why is $a_{lk}$ linear?", grade=True, solution=True, grade_id="essay",
+             points=3.0, score=0.0, pending=BY_HAND),
+        cell("md", "Because $o = a s$.", grade=True, solution=True, grade_id="short",
+             points=1.0, score=1.0, comment="Right, and *short*."),
+        cell("code", "assert True", grade=True, solution=False, grade_id="test_cpu",
+             points=1.0, score=1.0),
+        cell("code", "run_on_gpu()", grade=True, solution=False, grade_id="test_gpu",
+             points=2.0, score=0.0, pending=ON_A_GPU),
+    ])
+    resources = {"nbgrader": {
+        "notebook": "toy", "score": 1.5, "max_score": 7.0, "late_penalty": 0.5,
+        "pending": [(BY_HAND, 3.0), (ON_A_GPU, 2.0)], "pending_points": 5.0,
+        "pending_words": PENDING_TOTAL}}
+
+    config = configure(Config())
+    config.HTMLExporter.template_name = "feedback"        # what nbgrader's API sets
+    exporter = CourseFeedbackExporter(config=config)
+    assert exporter.template_name == "course_feedback"
+    html, _ = exporter.from_notebook_node(nb, resources=resources)
+
+    assert _total(html) == ("Score: 1.5 / 2.0 so far, 3.0 points pending hand-grading and "
+                            "2.0 points pending a GPU host")
+    assert "Late submission: 0.5 points taken off" in _visible_text(html)
+    assert _summary_result(html, "essay") == "pending: graded by hand (3.0 points)"
+    assert _summary_result(html, "test_gpu") == "pending: graded on a GPU host (2.0 points)"
+    assert _summary_result(html, "short") == "Score: 1.0 / 1.0"
+    assert _part_bar(html, "essay") == ("Written answer essay pending: graded by hand "
+                                        "(3.0 points) summary")
+    assert _part_bar(html, "test_cpu") == "Test test_cpu Score: 1.0 / 1.0 summary"
+    assert "Comment: Right, and short" in _visible_text(html)
+    assert "$a_{lk}$" in html                  # left for MathJax, which is in the page
+    assert html.count("<script") == 2 and "MathJax" in html
+    assert not re.search(r"<(script|link)[^>]*\b(src|href)=", html)
