@@ -293,3 +293,34 @@ def test_template_words_pending_parts_late_penalty_and_comments():
     assert "$a_{lk}$" in html                  # left for MathJax, which is in the page
     assert html.count("<script") == 2 and "MathJax" in html
     assert not re.search(r"<(script|link)[^>]*\b(src|href)=", html)
+
+
+def test_pending_means_no_score_at_all():
+    """Which gradebook grades are pending, and why (``autograde.feedback.pending_reason``)."""
+    from types import SimpleNamespace
+
+    from autograde.feedback import BY_HAND, ON_A_GPU, pending_reason
+
+    def cell(kind, verdict=None, **meta):
+        made = (nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell)()
+        made.metadata["nbgrader"] = {"grade_id": "x", **meta}
+        if verdict:
+            made.metadata["autograde"] = {"verdict": {"verdict": verdict}}
+        return made
+
+    def grade(auto=None, manual=None):
+        return SimpleNamespace(auto_score=auto, manual_score=manual)
+
+    written = cell("md", grade=True, solution=True)
+    free_response = cell("code", grade=True, solution=True)
+    task = cell("md", task=True)
+    test = cell("code", grade=True, solution=False)
+    gpu_test = cell("code", "not_gradable_here", grade=True, solution=False)
+    for manual in (written, free_response, task):
+        assert pending_reason(manual, grade()) == BY_HAND        # answered, not graded yet
+        assert pending_reason(manual, grade(manual=0.0)) is None  # graded: even a 0 counts
+        assert pending_reason(manual, grade(auto=0.0)) is None   # unanswered: nbgrader's 0
+    assert pending_reason(gpu_test, grade()) == ON_A_GPU
+    assert pending_reason(gpu_test, grade(manual=2.0)) is None
+    assert pending_reason(test, grade(auto=0.0)) is None         # failed, or under review
+    assert pending_reason(test, grade(auto=1.0)) is None
