@@ -11,9 +11,9 @@ her feedback.
   answered questions read "pending: graded by hand" and the total leaves their 5 points out
   ("... so far, 5.0 points pending hand-grading"); the unanswered one is an automatic 0, not
   pending.  Manual scores set in the gradebook then show after ``generate_feedback``.
-  The last feedback is generated the way the formgrader's button does it (nbgrader's
-  ``NbGraderAPI``, which insists on nbgrader's own template): the course's page still comes
-  out.
+  The feedback after grading is generated the way the formgrader's button does it
+  (nbgrader's ``NbGraderAPI``, in this process, which insists on nbgrader's own template):
+  the course's page still comes out.
 - ``test_fetched_feedback_typesets_its_maths_offline``: the page ada fetched, opened from
   disk in Debian's Chromium with every request off the page aborted and recorded: MathJax
   (inside the page) typesets every formula, with no error and no request at all.
@@ -165,9 +165,10 @@ def test_feedback_says_pending_until_the_instructor_grades(course):
     assert not re.search(r"<script[^>]*\bsrc=", html)
     assert not re.search(r"<link[^>]*\bhref=", html)
 
-    # the instructor grades one answer: its score shows, the other stays pending
+    # the instructor grades one answer (and presses the formgrader's "generate feedback"):
+    # its score shows, the other stays pending
     _set_manual_scores(course["course"], {"lab07_derivation_attn": 1.5})
-    run_nbgrader(course["course"], "generate_feedback", LAB, "--force")
+    _formgrader_feedback(course["course"])
     html = _feedback(course["course"])
     assert _summary_result(html, "lab07_derivation_attn") == "Score: 1.5 / 2.0"
     assert _part_bar(html, "lab07_derivation_attn").endswith("Score: 1.5 / 2.0 summary")
@@ -175,8 +176,7 @@ def test_feedback_says_pending_until_the_instructor_grades(course):
     assert _total(html) == (f"Score: {auto + 1.5} / {maximum - 3.0} so far, "
                             "3.0 points pending hand-grading")
 
-    # and the other, then the formgrader's "generate feedback": nothing is pending, the
-    # total is the whole notebook's
+    # and the other: nothing is pending, the total is the whole notebook's
     _set_manual_scores(course["course"], {"lab07_derivation_loc": 2.0})
     _formgrader_feedback(course["course"])
     html = _feedback(course["course"])
