@@ -1,25 +1,145 @@
-"""Feedback without the hidden tests.
+"""The feedback a student gets back: what the grader decided, no hidden tests, no network.
 
-nbgrader's feedback shows every cell of the autograded notebook, hidden tests included, and an
-error's traceback quotes the lines of hidden code it passed through.  This preprocessor (in
-``GenerateFeedback``) replaces the hidden part of every cell with one comment line and cuts
-every error in a graded test cell down to its type and message: the student sees which test
-failed and why (the checks' messages name the element, the expected and the actual value),
-not how it is checked.
+``nbgrader generate_feedback`` runs, in the course's configuration (``nbgrader_setup``):
+
+- ``GetGrades`` (nbgrader's): every graded cell's score from the gradebook;
+- ``MarkPending``: a graded cell that nobody has scored yet (a written answer or a coding
+  free-response before the instructor grades it by hand, a check that only a GPU host can
+  run) is marked *pending*, so that the page says so instead of showing the gradebook's
+  stand-in score of 0; the points pending are left out of the total "so far";
+- ``HideHiddenTests``: replaces the hidden part of every cell with one comment line and cuts
+  every error in a graded test cell down to its type and message: the student sees which
+  test failed and why (the checks' messages name the element, the expected and the actual
+  value), not how it is checked;
+
+and ``CourseFeedbackExporter`` writes the page with the course's template
+(``autograde/templates/course_feedback``), which carries MathJax inside the page: nbgrader's
+``release_feedback`` and ``fetch_feedback`` move single ``.html`` files, so anything beside
+them would be left behind, and a page that loads MathJax from a CDN shows raw TeX on a
+closed network.
 """
 from __future__ import annotations
 
+import functools
 import re
+from pathlib import Path
 
+from nbconvert.exporters import HTMLExporter
 from nbgrader import utils as nbutils
+from nbgrader.api import Gradebook
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Unicode
+from traitlets import Unicode, default
 
 from .recording import MIME
+from .verify import NOT_GRADABLE
 
 _WARNING = re.compile(r"^\[stderr\] \S.*?:\d+: (\w*Warning: .*)$", re.S)
 
-__all__ = ["HideHiddenTests"]
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATE_NAME = "course_feedback"
+# the vendored MathJax 3 component the page carries (see VENDORED.txt beside it)
+MATHJAX_FILE = (Path(__file__).resolve().parents[1] / "book" / "_vendor" / "mathjax" / "es5"
+                / "tex-svg-full.js")
+
+# why a graded cell has no score yet: the words the page shows, and the total's wording
+BY_HAND = "graded by hand"
+ON_A_GPU = "graded on a GPU host"
+PENDING_TOTAL = {BY_HAND: "hand-grading", ON_A_GPU: "a GPU host"}
+
+__all__ = ["CourseFeedbackExporter", "HideHiddenTests", "MarkPending", "pending_reason"]
+
+
+def _manually_graded(cell) -> bool:
+    """A written answer, a coding free-response or a task: nbgrader leaves its score to a
+    person (a test cell's score comes from running it)."""
+    return nbutils.is_task(cell) or (nbutils.is_grade(cell) and (
+        cell.cell_type == "markdown" or nbutils.is_solution(cell)))
+
+
+def pending_reason(cell, grade) -> str | None:
+    """Why ``grade`` (the gradebook's Grade of a graded ``cell``) has no score yet, or None
+    when it has one.
+
+    A score exists once the instructor set a manual score, or once autograding set an
+    automatic one (nbgrader gives an unanswered written answer an automatic 0, and the
+    course's grader gives a check it could not confirm a 0 to review: both are scores).
+    What is left has no score at all: a written answer or free-response waiting for the
+    instructor, or a check that needs a GPU host (``autograde.grades``)."""
+    if grade.manual_score is not None or grade.auto_score is not None:
+        return None
+    if _manually_graded(cell):
+        return BY_HAND
+    verdict = cell.metadata.get("autograde", {}).get("verdict", {}).get("verdict")
+    return ON_A_GPU if verdict == NOT_GRADABLE else BY_HAND
+
+
+class MarkPending(NbGraderPreprocessor):
+    """After ``GetGrades``: mark the graded cells that have no score yet.
+
+    Sets ``cell.metadata.nbgrader.pending`` to the reason (``pending_reason``) on each such
+    cell, and ``resources["nbgrader"]["pending"]`` to ``[(reason, points), ...]`` (points
+    summed by reason, in the order the notebook first shows them) and
+    ``resources["nbgrader"]["pending_points"]`` to their sum, for the template's total."""
+
+    def preprocess(self, nb, resources):
+        info = resources["nbgrader"]
+        pending: dict[str, float] = {}
+        with Gradebook(info["db_url"]) as gradebook:
+            for cell in nb.cells:
+                meta = cell.get("metadata", {}).get("nbgrader", {})
+                meta.pop("pending", None)
+                if not (nbutils.is_grade(cell) or nbutils.is_task(cell)):
+                    continue
+                grade = gradebook.find_grade(meta["grade_id"], info["notebook"],
+                                             info["assignment"], info["student"])
+                reason = pending_reason(cell, grade)
+                if reason is not None:
+                    meta["pending"] = reason
+                    pending[reason] = pending.get(reason, 0.0) + float(grade.max_score)
+        info["pending"] = [(reason, points) for reason, points in pending.items()]
+        info["pending_points"] = sum(pending.values())
+        info["pending_words"] = PENDING_TOTAL
+        return nb, resources
+
+
+@functools.lru_cache(maxsize=4)
+def _script_text(path: str) -> str:
+    text = Path(path).read_text(encoding="utf-8")
+    # the script goes inside a <script> element: nothing in it may end or open one
+    if re.search(r"</?script", text, re.I):
+        raise ValueError(f"{path} contains a <script> tag and cannot be inlined")
+    return text
+
+
+class CourseFeedbackExporter(HTMLExporter):
+    """nbconvert's HTML exporter with the course's feedback template and MathJax inlined.
+
+    The page makes no request of its own: the lab template's CSS is inlined as nbconvert
+    always does it, require.js and Mermaid (which it would load from a CDN) are left out, and
+    MathJax 3's ``tex-svg-full`` component (all TeX extensions, SVG output, which needs no
+    font files) is copied into the page.  That costs about 2.2 MB per feedback file."""
+
+    mathjax_file = Unicode(
+        str(MATHJAX_FILE),
+        help="A self-contained MathJax 3 component (SVG output) to inline in every page.",
+    ).tag(config=True)
+
+    @default("template_name")
+    def _course_template_name(self):
+        return TEMPLATE_NAME
+
+    @default("extra_template_basedirs")
+    def _course_template_dirs(self):
+        return [str(TEMPLATES)]
+
+    def _init_resources(self, resources):
+        resources = super()._init_resources(resources)
+        if not Path(self.mathjax_file).is_file():
+            raise FileNotFoundError(
+                f"CourseFeedbackExporter.mathjax_file: no file {self.mathjax_file} (the "
+                "course vendors MathJax under book/_vendor/mathjax, see VENDORED.txt)")
+        resources["course_mathjax"] = _script_text(self.mathjax_file)
+        return resources
 
 
 class HideHiddenTests(NbGraderPreprocessor):

@@ -11,7 +11,9 @@ autograde:  **SandboxedExecute** (sandbox, per-lab timeouts, output cap, restart
     **VerifyChecks** (replay of hidden checks out of the kernel's reach, stderr, GPU-only
     cells, static scan), LimitOutput, **SaveVerifiedGrades**, AssignLatePenalties,
     CheckCellMetadata, **RecordStatus**
-feedback:  GetGrades, **HideHiddenTests**, CSSHTMLHeaderPreprocessor
+feedback:  GetGrades, **MarkPending** (scores nobody has given yet), **HideHiddenTests**,
+    CSSHTMLHeaderPreprocessor; written by **CourseFeedbackExporter** (the course's template,
+    MathJax inlined: the page renders its maths with no network)
 export:  **StatusCsvExport** (status and reasons columns; empty score when ungradable)
 """
 from __future__ import annotations
@@ -29,7 +31,8 @@ def configure(c):
 
     from . import status
     from .execute import SandboxedExecute
-    from .feedback import HideHiddenTests
+    from .feedback import TEMPLATE_NAME, TEMPLATES, CourseFeedbackExporter, HideHiddenTests, \
+        MarkPending
     from .grades import SaveVerifiedGrades
     from .restore import RestoreStructure
     from .verify import VerifyChecks
@@ -41,6 +44,12 @@ def configure(c):
                                            CheckCellMetadata, status.RecordStatus]
     c.Autograde.pre_convert_hook = functools.partial(status.pre_convert_hook, config=c)
     c.Autograde.post_convert_hook = functools.partial(status.post_convert_hook, config=c)
-    c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+    c.GenerateFeedback.preprocessors = [GetGrades, MarkPending, HideHiddenTests,
+                                        CSSHTMLHeaderPreprocessor]
+    c.GenerateFeedback.exporter_class = CourseFeedbackExporter
+    # nbgrader sets HTMLExporter.template_name to its own "feedback" template (the formgrader
+    # even does it on every call): a setting on the subclass takes precedence over both
+    c.CourseFeedbackExporter.template_name = TEMPLATE_NAME
+    c.CourseFeedbackExporter.extra_template_basedirs = [str(TEMPLATES)]
     c.ExportApp.plugin_class = "autograde.export.StatusCsvExport"
     return c
