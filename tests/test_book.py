@@ -323,6 +323,31 @@ def test_labs_page_names_existing_notebooks(pages):
     assert not missing, f"the labs page names notebooks that do not exist: {missing}"
 
 
+def test_labs_page_states_the_points_each_lab_grades():
+    # a row of book/labs.md that says "N points" must say what the notebook's graded cells sum
+    # to, and its visible and hidden shares (needs no build: it reads the page's source)
+    import nbformat
+
+    stated = 0
+    for line in (ROOT / "book" / "labs.md").read_text().splitlines():
+        folder = re.search(r"`(lab\d\d_[a-z_]+)`", line)
+        points = re.search(r"(\d+) points \((\d+) visible checks of 1 point, (\d+) points of "
+                           r"hidden ones\)", line)
+        if not (folder and points):
+            continue
+        name = folder.group(1)
+        notebook = nbformat.read(ROOT / "assignments" / name / f"{name}.ipynb", as_version=4)
+        graded = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade")]
+        hidden = [c for c in graded if "### BEGIN HIDDEN TESTS" in c.source]
+        visible = [c for c in graded if c not in hidden]
+        assert all(c.metadata["nbgrader"]["points"] == 1 for c in visible), name
+        total = sum(c.metadata["nbgrader"]["points"] for c in graded)
+        assert (int(points.group(1)), int(points.group(2)), int(points.group(3))) == (
+            total, len(visible), sum(c.metadata["nbgrader"]["points"] for c in hidden)), name
+        stated += 1
+    assert stated >= 1, "no lab row of book/labs.md states its points"
+
+
 def test_a_rebuild_with_no_change_executes_nothing(built_book):
     # --all re-reads every page, so every notebook must come from the execution cache
     result = _jupyter_book(ROOT, "--all")
