@@ -369,20 +369,7 @@ AUDIT_KEY = "course_figure"                        # book/_figures.py writes it
 
 # Figures known not to read at the book's width, (page, first title) -> what is wrong with
 # them.  The test fails when one of them is fixed (then remove it here) or is gone.
-KNOWN_UNREADABLE: dict[tuple[str, str], str] = {
-    ("chapters/ch01_the_operator",
-     "One query, one head: K = 4 samples on each of L = 4 levels (area = attention wei"):
-        "9.8 in wide: its 9 pt text is drawn at 6.6 pt",
-    ("chapters/ch01_the_operator",
-     "weights at (x_im, y_im) = (1.3, 0.6):\neach is the opposite area"):
-        "9.8 in wide: its 8.5 pt text is drawn at 6.2 pt",
-    ("chapters/ch02_the_machine",
-     "Forward pass on an H200 against its floor (measured for this course, 2026-11-29)"):
-        "9.7 in wide: its 9 pt text is drawn at 6.6 pt",
-    ("chapters/ch04_the_forward_kernel",
-     "Wide over channels fetches only what it uses; one lane per point does not"):
-        "the figure's title overlaps the titles of both panels",
-}
+KNOWN_UNREADABLE: dict[tuple[str, str], str] = {}
 
 
 def _figure_outputs():
