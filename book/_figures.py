@@ -38,6 +38,10 @@ IMPL_COLORS = {"this_repository": "#0072B2", "seed": "#E69F00", "cuda_op": "#009
 IMPL_MARKERS = {"this_repository": "o", "seed": "s", "cuda_op": "D", "dcnv4": "^"}
 FLOOR = "#000000"
 
+# One colour per kernel family in the launch sweep (chapter 6): the loop kernels, the tiled
+# kernels and the row-blocked kernels of source_kernels/rows.py (every "rows..." variant).
+KERNEL_COLORS = {"loop": "#777777", "tiled": "#0072B2", "rows": "#009E73"}
+
 
 def level_color(level: int) -> str:
     """The colour of pyramid level ``level`` (0 = finest)."""

@@ -342,6 +342,31 @@ def test_labs_page_names_existing_notebooks(pages):
     assert not missing, f"the labs page names notebooks that do not exist: {missing}"
 
 
+def test_labs_page_states_the_points_each_lab_grades():
+    # a row of book/labs.md that says "N points" must say what the notebook's graded cells sum
+    # to, and its visible and hidden shares (needs no build: it reads the page's source)
+    import nbformat
+
+    stated = 0
+    for line in (ROOT / "book" / "labs.md").read_text().splitlines():
+        folder = re.search(r"`(lab\d\d_[a-z_]+)`", line)
+        points = re.search(r"(\d+) points \((\d+) visible checks of 1 point, (\d+) points of "
+                           r"hidden ones\)", line)
+        if not (folder and points):
+            continue
+        name = folder.group(1)
+        notebook = nbformat.read(ROOT / "assignments" / name / f"{name}.ipynb", as_version=4)
+        graded = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade")]
+        hidden = [c for c in graded if "### BEGIN HIDDEN TESTS" in c.source]
+        visible = [c for c in graded if c not in hidden]
+        assert all(c.metadata["nbgrader"]["points"] == 1 for c in visible), name
+        total = sum(c.metadata["nbgrader"]["points"] for c in graded)
+        assert (int(points.group(1)), int(points.group(2)), int(points.group(3))) == (
+            total, len(visible), sum(c.metadata["nbgrader"]["points"] for c in hidden)), name
+        stated += 1
+    assert stated >= 1, "no lab row of book/labs.md states its points"
+
+
 def test_a_rebuild_with_no_change_executes_nothing(built_book):
     # --all re-reads every page, so every notebook must come from the execution cache
     result = _jupyter_book(ROOT, "--all")
@@ -363,20 +388,7 @@ AUDIT_KEY = "course_figure"                        # book/_figures.py writes it
 
 # Figures known not to read at the book's width, (page, first title) -> what is wrong with
 # them.  The test fails when one of them is fixed (then remove it here) or is gone.
-KNOWN_UNREADABLE: dict[tuple[str, str], str] = {
-    ("chapters/ch01_the_operator",
-     "One query, one head: K = 4 samples on each of L = 4 levels (area = attention wei"):
-        "9.8 in wide: its 9 pt text is drawn at 6.6 pt",
-    ("chapters/ch01_the_operator",
-     "weights at (x_im, y_im) = (1.3, 0.6):\neach is the opposite area"):
-        "9.8 in wide: its 8.5 pt text is drawn at 6.2 pt",
-    ("chapters/ch02_the_machine",
-     "Forward pass on an H200 against its floor (measured for this course, 2026-11-29)"):
-        "9.7 in wide: its 9 pt text is drawn at 6.6 pt",
-    ("chapters/ch04_the_forward_kernel",
-     "Wide over channels fetches only what it uses; one lane per point does not"):
-        "the figure's title overlaps the titles of both panels",
-}
+KNOWN_UNREADABLE: dict[tuple[str, str], str] = {}
 
 
 def _figure_outputs():
