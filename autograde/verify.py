@@ -163,11 +163,14 @@ class VerifyChecks(NbGraderPreprocessor):
         reference, _ = released_notebook(os.getcwd(), self.config, nbg["assignment"],
                                          nbg["notebook"])
         tags = {}
+        released = {}
         if reference is not None:
             for c in reference.cells:
                 gid = c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
                 if gid:
                     tags[gid] = set(c.get("metadata", {}).get("tags", []))
+                    released[gid] = c.get("source", "")
+        self._released = released if reference is not None else None
         forbidden, allowed = labs.forbidden_names(
             nbg["assignment"], settings.forbidden_extra.get(nbg["assignment"], ()))
         student_cells = [(c.source, not nbutils.is_locked(c)) for c in nb.cells
@@ -213,38 +216,73 @@ class VerifyChecks(NbGraderPreprocessor):
         return nb, resources
 
     # ------------------------------------------------------------------ visible checks
+    def _is_visible(self, cell):
+        """A graded test cell the student saw whole: its released source is the same (a
+        hidden cell's hidden block is not in the release); without the release, a cell
+        whose check calls all pass a shown seed (or that calls no check)."""
+        gid = cell.metadata.nbgrader.get("grade_id")
+        if self._released is not None and gid in self._released:
+            return self._released[gid].strip() == cell.source.strip()
+        calls = check_calls(cell.source, self.settings.check_packages)
+        return not calls or all(kwargs and kwargs.get("seed", ("", None))[0] == "const"
+                                for _, _, _, kwargs in calls)
+
     def _tie_visible_cells(self, nb, verdicts):
-        """A graded cell scored in the kernel keeps its points only if every hidden check of
-        the student functions it uses passed the grader's replay."""
+        """A visible check never scores on its own: its inputs are shown, so a replaced
+        comparison (scored in the kernel) or outputs hard-coded for them (which its own
+        replay accepts) would pass it.  A passing visible cell keeps its points only if the
+        hidden checks of the student functions it uses exist and passed the grader's
+        replay; a hidden check left for a GPU host takes the visible cell with it."""
         defined = set()
         for cell in nb.cells:
             if cell.cell_type == "code" and not nbutils.is_locked(cell):
                 defined |= _top_level_names(cell.source)
         hidden = {}                     # function name -> [(grade_id, verdict)]
+        visible = []
         for cell in nb.cells:
             verdict = cell.get("metadata", {}).get("autograde", {}).get("verdict")
             if not verdict:
+                continue
+            if self._is_visible(cell):
+                visible.append((cell, verdict))
                 continue
             for _, _, args, kwargs in check_calls(cell.source, self.settings.check_packages):
                 for spec in list(args or []) + list((kwargs or {}).values()):
                     if spec[0] in ("name", "attr"):
                         hidden.setdefault(spec[1].split(".")[0], []).append(
                             (cell.metadata.nbgrader.get("grade_id"), verdict))
-        for cell in nb.cells:
-            verdict = cell.get("metadata", {}).get("autograde", {}).get("verdict")
-            if not verdict or verdict.get("replayed") is not False or \
-                    verdict["verdict"] != "pass":
+        for cell, verdict in visible:
+            if verdict["verdict"] != "pass":
                 continue
-            for name in sorted(_names_used(cell.source) & defined):
-                failed = [gid for gid, v in hidden.get(name, [])
-                          if v["verdict"] not in ("pass", NOT_GRADABLE)]
+            gid = cell.metadata.nbgrader.get("grade_id")
+            used = set(_names_used(cell.source))
+            for _, _, args, kwargs in check_calls(cell.source, self.settings.check_packages):
+                used |= {spec[1].split(".")[0] for spec in list(args or []) +
+                         list((kwargs or {}).values()) if spec[0] in ("name", "attr")}
+            names = sorted(n for n in used & defined if n in hidden)
+            message, outcome = None, "tied"
+            if not names:
+                message = ("no hidden check of the functions this visible check uses was "
+                           "replayed by the grader, so its points do not count")
+            for name in names:
+                failed = [g for g, v in hidden[name] if v["verdict"] not in ("pass", NOT_GRADABLE)]
                 if failed:
                     message = (f"{name} did not pass its hidden check ({', '.join(failed)}), "
                                "so this visible check's points do not count")
-                    verdict.update(verdict="tied", message=message)
-                    cell.outputs.append(_error("HiddenCheckFailed", message))
-                    verdicts[cell.metadata.nbgrader.get("grade_id")] = verdict
                     break
+            if message is None and not any(v["verdict"] == "pass" for name in names
+                                           for _, v in hidden[name]):
+                outcome = NOT_GRADABLE
+                message = "its hidden checks need a CUDA GPU"
+            if message is None:
+                continue
+            verdict.update(verdict=outcome, message=message)
+            if outcome == NOT_GRADABLE:
+                cell.outputs.append(_note(f"\n[autograde: not gradable here: {message}; this "
+                                          "cell will be graded on a GPU host]\n"))
+            else:
+                cell.outputs.append(_error("HiddenCheckFailed", message))
+            verdicts[gid] = verdict
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
