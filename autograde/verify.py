@@ -255,11 +255,13 @@ class VerifyChecks(NbGraderPreprocessor):
             if verdict["verdict"] != "pass":
                 continue
             gid = cell.metadata.nbgrader.get("grade_id")
-            used = set(_names_used(cell.source))
+            # what it checks: the functions handed to a check (a locked launcher that runs
+            # the student's kernel included) and the student's own functions it uses
+            used = set(_names_used(cell.source)) & (defined | set(hidden))
             for _, _, args, kwargs in check_calls(cell.source, self.settings.check_packages):
                 used |= {spec[1].split(".")[0] for spec in list(args or []) +
                          list((kwargs or {}).values()) if spec[0] in ("name", "attr")}
-            names = sorted(n for n in used & defined if n in hidden)
+            names = sorted(n for n in used if n in hidden)
             message, outcome = None, "tied"
             if not names:
                 message = ("no hidden check of the functions this visible check uses was "
