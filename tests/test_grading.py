@@ -60,9 +60,8 @@ EXPECTED = {
     "cheat_reorder": (5, "needs_gpu", ["released cells were reordered"]),
     "cheat_metadata": (5, "needs_gpu", ["cell corner_weights_hidden: metadata restored",
                                         "cell scale_hidden: metadata restored"]),
-    "cheat_reference": (5, "needs_gpu", [
-        "corner_weights_hidden: corner_weights calls _mine, which uses "
-        "source_kernels.reference.bilinear_corner_weights"]),
+    # the reference and the chips are not in the kernel's view of the course: the imports fail
+    "cheat_reference": (5, "needs_gpu", []),
     "cheat_chip": (5, "needs_gpu", []),
     "cheat_hardcode": (5, "needs_gpu", [
         "lerp_visible: lerp did not pass its hidden check (lerp_hidden)"]),
@@ -81,7 +80,8 @@ EXPECTED = {
 KERNEL_ERRORS = {
     "memory_hog": ("corner_weights_hidden", "memory"),
     "spawn_processes": ("corner_weights_hidden", "Resource temporarily unavailable"),
-    "cheat_chip": ("corner_weights_hidden", "graded function called the reference"),
+    "cheat_reference": ("corner_weights_solution", "No module named 'source_kernels.reference'"),
+    "cheat_chip": ("corner_weights_solution", "No module named 'source_kernels.chips.lab01'"),
 }
 
 
