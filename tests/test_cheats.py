@@ -7,8 +7,8 @@ module looked up in ``sys.modules`` under a name built at run time; the hidden c
 reference's source opened by path; and (lab 05) a plain object with ``__getitem__`` standing
 in for the Triton kernel, filling the output from a copied spec and launching a no-op kernel.
 A cheat must earn none of the points of the cells that check the function it replaces (0 or
-needs_review there), every other cell keeps its points, and the honest solution gets full
-marks.  Graded with ``python -m autograde grade`` and the repository's nbgrader_config.py.
+needs_review there); one that fails plainly loses only those, one the grader flags may send
+more of the lab to review; the honest solution gets full marks.  Graded with ``python -m autograde grade`` and the repository's nbgrader_config.py.
 """
 from __future__ import annotations
 
@@ -253,7 +253,9 @@ def test_honest_solution_scores_full_marks(reports, lab):
 def test_cheat_earns_nothing_for_the_function_it_fakes(reports, lab, cheat):
     _, _, full, faked = TARGETS[lab]
     row = reports[lab][cheat]
-    # the other stages keep their points; the faked function's cells score 0 (a failure
-    # in the kernel, or a replay that refused the kernel's pass: needs_review)
-    assert float(row["score"]) == full - faked, (row["status"], row["reasons"])
-    assert row["status"] in ("graded", "graded_with_incidents", "needs_review")
+    # the faked function's cells score 0 (a failure in the kernel, or a pass the grader did
+    # not confirm: needs_review); a cheat the grader saw (run-time rebinding of names) may
+    # send more of the lab to review, a plain failure costs the faked cells only
+    assert float(row["score"]) <= full - faked, (row["status"], row["reasons"])
+    if row["status"] != "needs_review":
+        assert float(row["score"]) == full - faked, (row["status"], row["reasons"])
