@@ -17,7 +17,9 @@ from the table in :mod:`autograde.labs` (``kernel_view``):
 
 Only ``.py`` files are written (no ``__pycache__``; the kernel runs with
 ``PYTHONDONTWRITEBYTECODE``).  ``stage(assignment, dest)`` returns the folder to put first on
-the kernel's ``PYTHONPATH``.
+the kernel's ``PYTHONPATH``.  In the sandbox it is the only copy of the packages the kernel
+can reach (an install inside the bound virtual environment is hidden under an empty tmpfs);
+in the ``none`` mode it only comes first on the path, and the packages stay readable.
 """
 from __future__ import annotations
 
