@@ -258,8 +258,10 @@ class VerifyChecks(NbGraderPreprocessor):
             for node in ast.walk(tree):
                 if isinstance(node, ast.Name) and node.id in _DYNAMIC:
                     dynamic.append(node.id)
-                elif isinstance(node, ast.Attribute) and node.attr in ("modules", "__dict__",
-                                                                        "__class__"):
+                elif isinstance(node, ast.Attribute) and (
+                        node.attr in ("__dict__", "__class__", "__globals__") or
+                        (node.attr == "modules" and isinstance(node.value, ast.Name) and
+                         node.value.id == "sys")):
                     dynamic.append(node.attr)
                 elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                     targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \

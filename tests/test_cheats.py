@@ -5,7 +5,8 @@ where the answer lives: a copy of the reference made with ``types.FunctionType``
 module looked up in ``sys.modules`` under a name built at run time; the hidden check's
 ``expected`` read from the caller's frame; comparison helpers and checks replaced; the
 reference's source opened by path; and (lab 05) a plain object with ``__getitem__`` standing
-in for the Triton kernel, filling the output from a copied spec and launching a no-op kernel.
+in for the Triton kernel, filling the output from a copied spec and launching a no-op kernel;
+lab 07 takes the first four against its gradients in PyTorch.
 A cheat must earn none of the points of the cells that check the function it replaces (0 or
 needs_review there); one that fails plainly loses only those, one the grader flags may send
 more of the lab to review; the honest solution gets full marks.  Graded with ``python -m autograde grade`` and the repository's nbgrader_config.py.
@@ -196,10 +197,52 @@ def _fill(*args):
 ''' + LAB05_STANDIN,
 }
 
-# the answer cell each lab's cheats replace, and the graded cells of its function
+LAB07 = "lab07_the_other_direction"
+# dL/d attention_weights by autograd through a function that computes the forward
+LAB07_GRAD = '''
+import torch
+
+
+def grad_attention_weights(grad_output, value, spatial_shapes, level_start_index,
+                           sampling_locations, attention_weights):
+    weights = attention_weights.detach().double().requires_grad_()
+    out = _forward(value.detach().double(), spatial_shapes, level_start_index,
+                   sampling_locations.detach().double(), weights)
+    grad, = torch.autograd.grad(out, weights, grad_output.detach().double())
+    return grad.to(attention_weights.dtype)
+'''
+LAB07_CHEATS = {
+    "runtime_name": DEEP_COPY + FIND_BY_RUNTIME_NAME.format(reversed_name="ecnerefer",
+                                                            attr="msda_grid_sample")
+    + "\n_forward = _ref\n" + LAB07_GRAD,
+    "caller_frame": FRAME_EXPECTED + '''
+import torch
+
+
+def grad_attention_weights(grad_output, value, spatial_shapes, level_start_index,
+                           sampling_locations, attention_weights):
+    expected = _expected_from_callers()
+    if expected is not None:
+        return expected.clone()
+    return torch.zeros_like(attention_weights)
+''',
+    "patched_comparisons": PATCH_COMPARISONS.format(check="lab07") + '''
+def grad_attention_weights(grad_output, value, spatial_shapes, level_start_index,
+                           sampling_locations, attention_weights):
+    return _torch.zeros_like(attention_weights)
+''',
+    "open_by_path": OPEN_BY_PATH.format(repo_reference=str(REPO / "source_kernels" /
+                                                             "reference.py"),
+                                        attr="msda_grid_sample")
+    + "\n_forward = _ref\n" + LAB07_GRAD,
+}
+
+# the answer cell each lab's cheats replace, the lab's automatic points, and those of the
+# cells (visible and hidden) that check the function the cheats fake
 TARGETS = {
     LAB01: ("lab01_msda_naive", LAB01_CHEATS, 10.0, 4.0),
     LAB05: ("lab05_kernel", LAB05_CHEATS, 23.0, 12.0),
+    LAB07: ("lab07_grad_attn", LAB07_CHEATS, 9.0, 3.0),
 }
 
 

@@ -71,7 +71,9 @@ EXPECTED = {
     "memory_hog": (5, "needs_gpu", []),
     "spawn_processes": (5, "needs_gpu", []),
     "huge_output": (8, "needs_gpu", ["lerp_solution: output limit"]),
-    "read_secrets": (5, "needs_gpu", []),
+    # it would exec a solution read from the course files: its kernel goes to review
+    "read_secrets": (3, "needs_review", [
+        "scale_hidden: needs review (the answers rebind names at run time (exec)"]),
     "crash_kernel": (5, "needs_gpu", ["corner_weights_hidden: the kernel died while running"]),
     "corrupt_json": (None, "ungradable", ["labfx.ipynb is not valid JSON"]),
     "missing_notebook": (None, "ungradable", ["missing notebook labfx.ipynb"]),
