@@ -60,8 +60,10 @@ EXPECTED = {
     "cheat_reorder": (5, "needs_gpu", ["released cells were reordered"]),
     "cheat_metadata": (5, "needs_gpu", ["cell corner_weights_hidden: metadata restored",
                                         "cell scale_hidden: metadata restored"]),
-    # the reference and the chips are not in the kernel's view of the course: the imports fail
-    "cheat_reference": (5, "needs_gpu", []),
+    # the reference is not in the kernel's view of the course: the import fails; the copy
+    # it tried (``__globals__``) sends its kernel to review
+    "cheat_reference": (3, "needs_review", [
+        "scale_hidden: needs review (the answers rebind names at run time (__globals__)"]),
     "cheat_chip": (5, "needs_gpu", []),
     "cheat_hardcode": (5, "needs_gpu", [
         "lerp_visible: lerp did not pass its hidden check (lerp_hidden)"]),
