@@ -89,6 +89,7 @@ class SandboxedExecute(Execute):
         self._worker = int(os.environ.get("AUTOGRADE_WORKER", "0") or 0)
         self._workers = int(os.environ.get("AUTOGRADE_WORKERS", "1") or 1)
         self._mode, self._environment = mode, environment
+        self._assignment = assignment
         self.log.info("%s/%s: %s", student, nbg["notebook"],
                       describe(environment, mode, settings, self.timeout,
                                settings.kernel_uid + self._worker))
@@ -122,7 +123,7 @@ class SandboxedExecute(Execute):
         seed = secrets.token_hex(16)
         self._setup = KernelSetup(mode=self._mode, environment=self._environment,
                                   settings=self._settings, seed=seed, worker=self._worker,
-                                  workers=self._workers)
+                                  workers=self._workers, assignment=self._assignment)
         self.info["seeds"][str(self._incarnation)] = seed
         self.km = self._setup.kernel_manager(parent=self)
         started = time.monotonic()

@@ -11,9 +11,13 @@ import tempfile
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
+from . import view
 from .config import cores
 
-__all__ = ["SandboxKernelManager", "KernelSetup"]
+__all__ = ["SandboxKernelManager", "KernelSetup", "VIEW_PATH"]
+
+# where the kernel finds its view of the course packages (autograde.view), first on its path
+VIEW_PATH = "/course"
 
 
 def _package_dirs(names):
@@ -68,8 +72,10 @@ class KernelSetup:
     """Everything one grading kernel needs on the host: a private folder (spec and connection
     file, root only), a socket folder (the kernel's uid while it starts, then closed)."""
 
-    def __init__(self, *, mode, environment, settings, seed, worker=0, workers=1):
+    def __init__(self, *, mode, environment, settings, seed, worker=0, workers=1,
+                 assignment=None):
         self.mode = mode
+        self.assignment = assignment or ""
         self.environment = environment
         self.settings = settings
         self.seed = seed
@@ -83,6 +89,8 @@ class KernelSetup:
         threads = settings.threads or max(1, cores() // max(1, workers))
         self.threads = threads
         self.spec_path = os.path.join(self.private, "sandbox.json")
+        # the course packages as this lab's kernel may see them (never the whole packages)
+        self.view = view.stage(self.assignment, os.path.join(self.private, "view"))
         self._write_spec(threads)
 
     def _write_spec(self, threads):
@@ -115,23 +123,28 @@ class KernelSetup:
                 # Triton looks libcuda up with `ldconfig -p`, which cannot run in the sandbox
                 env["TRITON_LIBCUDA_PATH"] = libcuda
         extra = [os.path.realpath(p) for p in s.extra_python_paths if os.path.isdir(p)]
-        if extra:
-            env["PYTHONPATH"] = ":".join(extra)
+        inside_view = VIEW_PATH if self.mode == "bwrap" else self.view
+        env["PYTHONPATH"] = ":".join([inside_view] + extra)
         if self.mode == "none":
             env["HOME"] = self.private
             for key in ("MPLCONFIGDIR", "TRITON_CACHE_DIR", "IPYTHONDIR", "JUPYTER_RUNTIME_DIR",
                         "XDG_CACHE_HOME"):
                 env[key] = os.path.join(self.private, key.lower())
             env.pop("TMPDIR")
-        ro = [os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)]
-        ro += _package_dirs(["source_kernels", "autograde"]) + extra
+        ro = [os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)] + extra
         ro += [p for p in s.extra_ro_paths if os.path.exists(p)]
+        # the packages themselves, where a bound folder holds them (an install into the
+        # virtual environment), are hidden under an empty tmpfs: the kernel imports the view
+        masks = [d for d in _package_dirs(view.PACKAGES)
+                 if any(d == r or d.startswith(r.rstrip("/") + "/")
+                        for r in map(os.path.realpath, ro))]
         if env.get("TRITON_LIBCUDA_PATH"):
             ro.append(env["TRITON_LIBCUDA_PATH"])
         limits = {"memory_mb": s.memory_mb if self.environment == "cpu" else 0,
                   "processes": s.processes, "cpu_seconds": s.cpu_seconds,
                   "file_mb": s.file_mb, "open_files": s.open_files}
         spec = {"mode": self.mode, "uid": self.uid, "python": sys.executable, "ro_paths": ro,
+                "binds": [[self.view, VIEW_PATH]], "masks": masks,
                 "cwd": None, "sock_dir": self.sock_dir, "env": env, "limits": limits,
                 "tmp_mb": s.tmp_mb, "gpu": self.environment == "gpu",
                 "kernel_args": [

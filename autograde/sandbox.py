@@ -4,7 +4,8 @@ No Docker: the kernel runs inside ``bwrap`` (Debian's ``bubblewrap``) with its o
 pid, ipc and uts namespaces, so it has no network at all (not even loopback to the host), sees
 no process of the host, and is killed with everything it spawned when it ends.  Its file
 system is built from read-only binds of what Python needs (``/usr``, the Python install, the
-virtual environment, the course's ``source_kernels`` and ``autograde`` packages) plus a copy
+virtual environment, and the lab's staged view of the course's ``source_kernels`` and
+``autograde`` packages, :mod:`autograde.view`, never the packages themselves) plus a copy
 of the submission folder on a size-limited private ``/tmp``; the course directory, the
 gradebook, the source notebooks and the other students' folders are simply not there.  Inside,
 ``setpriv`` drops to a dedicated uid (``64123`` plus the worker number, so that the process
@@ -123,6 +124,10 @@ def build_command(spec, connection_fd, passwd_fd):
         if os.path.exists(path) and not _inside(path, bound):
             args += ["--ro-bind", path, path]
             bound.append(os.path.realpath(path))
+    for host, inside in spec.get("binds", []):          # the view, at a path of its own
+        args += ["--ro-bind", host, inside]
+    for path in spec.get("masks", []):                  # course packages inside a bound folder
+        args += ["--tmpfs", path, "--remount-ro", path]
     args += ["--size", tmp_bytes, "--perms", "1777", "--tmpfs", KERNEL_CWD,
              "--dir", "/run/autograde",
              "--perms", "0444", "--file", str(connection_fd), CONNECTION_PATH,

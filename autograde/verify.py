@@ -163,11 +163,14 @@ class VerifyChecks(NbGraderPreprocessor):
         reference, _ = released_notebook(os.getcwd(), self.config, nbg["assignment"],
                                          nbg["notebook"])
         tags = {}
+        released = {}
         if reference is not None:
             for c in reference.cells:
                 gid = c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
                 if gid:
                     tags[gid] = set(c.get("metadata", {}).get("tags", []))
+                    released[gid] = c.get("source", "")
+        self._released = released if reference is not None else None
         forbidden, allowed = labs.forbidden_names(
             nbg["assignment"], settings.forbidden_extra.get(nbg["assignment"], ()))
         student_cells = [(c.source, not nbutils.is_locked(c)) for c in nb.cells
@@ -208,43 +211,178 @@ class VerifyChecks(NbGraderPreprocessor):
                 cell.outputs.append(_note(
                     f"\n[autograde: not gradable here: {verdict['message']}; this cell "
                     "will be graded on a GPU host]\n"))
+        self._check_kernels(nb, reference, verdicts)
         if settings.visible_points == "tied":
             self._tie_visible_cells(nb, verdicts)
         return nb, resources
 
+    # ------------------------------------------------------------------ kernels
+    def _check_kernels(self, nb, released, verdicts):
+        """A Triton kernel the lab asks for must be the submission's own ``@triton.jit``
+        function.  Launch counts and records come from the kernel, so an object standing in
+        for the kernel (its ``__getitem__`` filling the output on the host and launching a
+        kernel that does nothing) passes them; its source does not pass this: the last
+        binding of every kernel name the release defines with ``@triton.jit`` must be a
+        ``@triton.jit`` def, nothing may assign to its attributes or to ``triton``'s, and
+        no answer cell may rebind names at run time (``exec``, ``globals()``, ``setattr``,
+        ``sys.modules``...).  A graded cell whose checked functions reach such a kernel
+        (through the notebook's functions, a given launcher included) needs review."""
+        if released is None:
+            return
+        kernels = set()
+        for cell in released.cells:
+            if cell.cell_type == "code" and nbutils.is_solution(cell):
+                tree = _parse_quiet(cell.source)
+                for node in (tree.body if tree else []):
+                    if isinstance(node, ast.FunctionDef) and _is_jit(node):
+                        kernels.add(node.name)
+        if not kernels:
+            return
+        last, dynamic, touched = {}, [], set()
+        uses = {}
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            tree = _parse_quiet(cell.source)
+            if tree is None:
+                continue
+            student = not nbutils.is_locked(cell)
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    uses[node.name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                if student:
+                    for name in _top_level_names_of(node) & kernels:
+                        last[name] = node
+            if not student:
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Name) and node.id in _DYNAMIC:
+                    dynamic.append(node.id)
+                elif isinstance(node, ast.Attribute) and (
+                        node.attr in ("__dict__", "__class__", "__globals__") or
+                        (node.attr == "modules" and isinstance(node.value, ast.Name) and
+                         node.value.id == "sys")):
+                    dynamic.append(node.attr)
+                elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                    targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \
+                        else [node.target]
+                    for target in targets:
+                        if isinstance(target, (ast.Attribute, ast.Subscript)):
+                            root = target
+                            while isinstance(root, (ast.Attribute, ast.Subscript)):
+                                root = root.value
+                            if isinstance(root, ast.Name) and \
+                                    root.id in kernels | {"triton", "tl"}:
+                                touched.add(root.id)
+        bad = {}
+        for name in sorted(kernels):
+            node = last.get(name)
+            if node is not None and not (isinstance(node, ast.FunctionDef) and _is_jit(node)):
+                bad[name] = f"{name} is not a @triton.jit function of the submission"
+            elif name in touched:
+                bad[name] = f"{name}'s attributes are assigned"
+        if touched & {"triton", "tl"}:
+            for name in kernels:
+                bad.setdefault(name, "triton's own attributes are assigned")
+        if dynamic:
+            for name in kernels:
+                bad.setdefault(name, f"the answers rebind names at run time ({dynamic[0]})")
+        if not bad:
+            return
+        for cell in nb.cells:
+            verdict = cell.get("metadata", {}).get("autograde", {}).get("verdict")
+            if not verdict or verdict["verdict"] != "pass":
+                continue
+            reached, queue = set(), []
+            for _, _, args, kwargs in check_calls(cell.source, self.settings.check_packages):
+                queue += [spec[1].split(".")[0] for spec in list(args or []) +
+                          list((kwargs or {}).values()) if spec[0] in ("name", "attr")]
+            queue += list(_names_used(cell.source) & set(uses))
+            while queue:
+                name = queue.pop()
+                if name in reached:
+                    continue
+                reached.add(name)
+                queue.extend(uses.get(name, ()))
+            hit = sorted(reached & set(bad))
+            if not hit:
+                continue
+            message = (bad[hit[0]] + ": the grader cannot tell that the kernel computed what "
+                       "the check received")
+            verdict.update(verdict="needs_review", ename="VerificationFailed", message=message)
+            cell.outputs.append(_error("VerificationFailed", message))
+            verdicts[cell.metadata.nbgrader.get("grade_id")] = verdict
+
     # ------------------------------------------------------------------ visible checks
+    def _is_visible(self, cell):
+        """A graded test cell the student saw whole: its released source is the same (a
+        hidden cell's hidden block is not in the release); without the release, a cell
+        whose check calls all pass a shown seed (or that calls no check)."""
+        gid = cell.metadata.nbgrader.get("grade_id")
+        if self._released is not None and gid in self._released:
+            return self._released[gid].strip() == cell.source.strip()
+        calls = check_calls(cell.source, self.settings.check_packages)
+        return not calls or all(kwargs and kwargs.get("seed", ("", None))[0] == "const"
+                                for _, _, _, kwargs in calls)
+
     def _tie_visible_cells(self, nb, verdicts):
-        """A graded cell scored in the kernel keeps its points only if every hidden check of
-        the student functions it uses passed the grader's replay."""
+        """A visible check never scores on its own: its inputs are shown, so a replaced
+        comparison (scored in the kernel) or outputs hard-coded for them (which its own
+        replay accepts) would pass it.  A passing visible cell keeps its points only if the
+        hidden checks of the student functions it uses exist and passed the grader's
+        replay; a hidden check left for a GPU host takes the visible cell with it."""
         defined = set()
         for cell in nb.cells:
             if cell.cell_type == "code" and not nbutils.is_locked(cell):
                 defined |= _top_level_names(cell.source)
         hidden = {}                     # function name -> [(grade_id, verdict)]
+        visible = []
         for cell in nb.cells:
             verdict = cell.get("metadata", {}).get("autograde", {}).get("verdict")
             if not verdict:
+                continue
+            if self._is_visible(cell):
+                visible.append((cell, verdict))
                 continue
             for _, _, args, kwargs in check_calls(cell.source, self.settings.check_packages):
                 for spec in list(args or []) + list((kwargs or {}).values()):
                     if spec[0] in ("name", "attr"):
                         hidden.setdefault(spec[1].split(".")[0], []).append(
                             (cell.metadata.nbgrader.get("grade_id"), verdict))
-        for cell in nb.cells:
-            verdict = cell.get("metadata", {}).get("autograde", {}).get("verdict")
-            if not verdict or verdict.get("replayed") is not False or \
-                    verdict["verdict"] != "pass":
+        for cell, verdict in visible:
+            if verdict["verdict"] != "pass":
                 continue
-            for name in sorted(_names_used(cell.source) & defined):
-                failed = [gid for gid, v in hidden.get(name, [])
-                          if v["verdict"] not in ("pass", NOT_GRADABLE)]
+            gid = cell.metadata.nbgrader.get("grade_id")
+            # what it checks: the functions handed to a check (a locked launcher that runs
+            # the student's kernel included) and the student's own functions it uses
+            used = set(_names_used(cell.source)) & (defined | set(hidden))
+            for _, _, args, kwargs in check_calls(cell.source, self.settings.check_packages):
+                used |= {spec[1].split(".")[0] for spec in list(args or []) +
+                         list((kwargs or {}).values()) if spec[0] in ("name", "attr")}
+            names = sorted(n for n in used if n in hidden)
+            message, outcome = None, "tied"
+            if not names:
+                message = ("no hidden check of the functions this visible check uses was "
+                           "replayed by the grader, so its points do not count")
+            for name in names:
+                failed = [g for g, v in hidden[name] if v["verdict"] not in ("pass", NOT_GRADABLE)]
                 if failed:
                     message = (f"{name} did not pass its hidden check ({', '.join(failed)}), "
                                "so this visible check's points do not count")
-                    verdict.update(verdict="tied", message=message)
-                    cell.outputs.append(_error("HiddenCheckFailed", message))
-                    verdicts[cell.metadata.nbgrader.get("grade_id")] = verdict
                     break
+            if message is None and not any(v["verdict"] == "pass" for name in names
+                                           for _, v in hidden[name]):
+                outcome = NOT_GRADABLE
+                message = "its hidden checks need a CUDA GPU"
+            if message is None:
+                continue
+            verdict.update(verdict=outcome, message=message)
+            if outcome == NOT_GRADABLE:
+                cell.outputs.append(_note(f"\n[autograde: not gradable here: {message}; this "
+                                          "cell will be graded on a GPU host]\n"))
+            else:
+                cell.outputs.append(_error("HiddenCheckFailed", message))
+            verdicts[gid] = verdict
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -379,6 +517,28 @@ class VerifyChecks(NbGraderPreprocessor):
         if isinstance(result, (int, float)) and not isinstance(result, bool):
             verdict["partial"] = float(result)
         return verdict
+
+
+_DYNAMIC = {"exec", "eval", "compile", "globals", "locals", "vars", "setattr", "delattr",
+            "__import__", "__builtins__", "__main__"}
+
+
+def _is_jit(node):
+    for deco in node.decorator_list:
+        target = deco.func if isinstance(deco, ast.Call) else deco
+        if (isinstance(target, ast.Attribute) and target.attr == "jit") or \
+                (isinstance(target, ast.Name) and target.id == "jit"):
+            return True
+    return False
+
+
+def _top_level_names_of(node):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and
+            isinstance(n.ctx, ast.Store)}
 
 
 def _parse_quiet(source):

@@ -62,9 +62,10 @@ EXPECTED = {
     "cheat_reorder": (5, "needs_gpu", ["released cells were reordered"]),
     "cheat_metadata": (5, "needs_gpu", ["cell corner_weights_hidden: metadata restored",
                                         "cell scale_hidden: metadata restored"]),
-    "cheat_reference": (5, "needs_gpu", [
-        "corner_weights_hidden: corner_weights calls _mine, which uses "
-        "source_kernels.reference.bilinear_corner_weights"]),
+    # the reference is not in the kernel's view of the course: the import fails; the copy
+    # it tried (``__globals__``) sends its kernel to review
+    "cheat_reference": (3, "needs_review", [
+        "scale_hidden: needs review (the answers rebind names at run time (__globals__)"]),
     "cheat_chip": (5, "needs_gpu", []),
     "cheat_hardcode": (5, "needs_gpu", [
         "lerp_visible: lerp did not pass its hidden check (lerp_hidden)"]),
@@ -74,7 +75,9 @@ EXPECTED = {
     "memory_hog": (5, "needs_gpu", []),
     "spawn_processes": (5, "needs_gpu", []),
     "huge_output": (8, "needs_gpu", ["lerp_solution: output limit"]),
-    "read_secrets": (5, "needs_gpu", []),
+    # it would exec a solution read from the course files: its kernel goes to review
+    "read_secrets": (3, "needs_review", [
+        "scale_hidden: needs review (the answers rebind names at run time (exec)"]),
     "crash_kernel": (5, "needs_gpu", ["corner_weights_hidden: the kernel died while running"]),
     "corrupt_json": (None, "ungradable", ["labfx.ipynb is not valid JSON"]),
     "missing_notebook": (None, "ungradable", ["missing notebook labfx.ipynb"]),
@@ -83,7 +86,8 @@ EXPECTED = {
 KERNEL_ERRORS = {
     "memory_hog": ("corner_weights_hidden", "memory"),
     "spawn_processes": ("corner_weights_hidden", "Resource temporarily unavailable"),
-    "cheat_chip": ("corner_weights_hidden", "graded function called the reference"),
+    "cheat_reference": ("corner_weights_solution", "No module named 'source_kernels.reference'"),
+    "cheat_chip": ("corner_weights_solution", "No module named 'source_kernels.chips.lab01'"),
 }
 
 

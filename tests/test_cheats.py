@@ -1,0 +1,304 @@
+"""Hostile submissions against the real grading command, sandbox on.
+
+Each cheat is the lab's own solution notebook with one answer cell replaced by an attack on
+where the answer lives: a copy of the reference made with ``types.FunctionType`` from a
+module looked up in ``sys.modules`` under a name built at run time; the hidden check's
+``expected`` read from the caller's frame; comparison helpers and checks replaced; the
+reference's source opened by path; and (lab 05) a plain object with ``__getitem__`` standing
+in for the Triton kernel, filling the output from a copied spec and launching a no-op kernel;
+lab 07 takes the first four against its gradients in PyTorch.
+A cheat must earn none of the points of the cells that check the function it replaces (0 or
+needs_review there); one that fails plainly loses only those, one the grader flags may send
+more of the lab to review; the honest solution gets full marks.  Graded with ``python -m autograde grade`` and the repository's nbgrader_config.py.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nbgrader_helpers import make_course, run_nbgrader  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+# a copy of a function with private copies of the functions its globals name, so that
+# forbid_references' code swap of the originals does not reach it
+DEEP_COPY = '''
+import types as _types
+
+def _deep_copy(fn, seen=None):
+    seen = {} if seen is None else seen
+    if id(fn) in seen:
+        return seen[id(fn)]
+    env = dict(fn.__globals__)
+    copy = _types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__)
+    seen[id(fn)] = copy
+    for key, value in list(env.items()):
+        if isinstance(value, _types.FunctionType) and value.__module__ == fn.__module__:
+            env[key] = _deep_copy(value, seen)
+    return copy
+'''
+
+FIND_BY_RUNTIME_NAME = '''
+import importlib as _importlib
+import sys as _sys
+_name = "source_kernels." + "".join(reversed({reversed_name!r}))
+try:
+    _importlib.import_module(_name)
+except ImportError:
+    pass
+_module = _sys.modules[_name]              # absent from the kernel's view: KeyError
+_ref = _deep_copy(getattr(_module, {attr!r}))
+'''
+
+OPEN_BY_PATH = '''
+import importlib.util as _iu
+import os as _os
+_places = [_os.path.join(p, "reference.py")
+           for p in _iu.find_spec("source_kernels").submodule_search_locations]
+_places += [{repo_reference!r}, "/work/main/source_kernels/reference.py"]
+_text = None
+for _p in _places:
+    try:
+        with open(_p) as _fh:
+            _text = _fh.read()
+        break
+    except OSError:
+        continue
+_env = {{}}
+exec(compile(_text, "reference.py", "exec"), _env)   # TypeError when nothing was readable
+_ref = _env[{attr!r}]
+'''
+
+FRAME_EXPECTED = '''
+import sys as _sys
+
+def _expected_from_callers():
+    frame = _sys._getframe(2)
+    while frame is not None:
+        for key in ("expected", "want", "ref"):
+            value = frame.f_locals.get(key)
+            if value is not None and hasattr(value, "shape"):
+                return value
+        frame = frame.f_back
+    return None
+'''
+
+PATCH_COMPARISONS = '''
+import math as _math
+import torch as _torch
+import source_kernels.testing as _testing
+from autograde.checks import {check} as _check
+_math.isclose = lambda *a, **k: True
+_torch.allclose = lambda *a, **k: True
+_torch.testing.assert_close = lambda *a, **k: None
+_testing.explain_mismatch = lambda *a, **k: None
+_testing.assert_close_explained = lambda *a, **k: None
+for _n in dir(_check):
+    if _n.startswith("check_"):
+        setattr(_check, _n, lambda *a, **k: None)
+'''
+
+LAB01 = "lab01_the_spec"
+LAB01_NAIVE = '''
+def msda_naive(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+               attention_weights):
+    return _ref(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+                attention_weights)
+'''
+LAB01_CHEATS = {
+    "runtime_name": DEEP_COPY + FIND_BY_RUNTIME_NAME.format(reversed_name="ecnerefer", attr="msda_naive")
+    + LAB01_NAIVE,
+    "caller_frame": FRAME_EXPECTED + '''
+import torch
+
+def msda_naive(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+               attention_weights):
+    expected = _expected_from_callers()
+    if expected is not None:
+        return expected.clone()
+    b, q, m = sampling_locations.shape[:3]
+    return torch.zeros(b, q, m * value.shape[3], dtype=value.dtype)
+''',
+    "patched_comparisons": PATCH_COMPARISONS.format(check="lab01") + '''
+import torch
+
+def msda_naive(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+               attention_weights):
+    b, q, m = sampling_locations.shape[:3]
+    return torch.zeros(b, q, m * value.shape[3], dtype=value.dtype)
+''',
+    "open_by_path": OPEN_BY_PATH.format(repo_reference=str(REPO / "source_kernels" /
+                                                             "reference.py"),
+                                        attr="msda_naive") + LAB01_NAIVE,
+}
+
+LAB05 = "lab05_forward_correct"
+# the stand-in for a Triton kernel: ``msda_forward_kernel[grid](...)`` fills out with
+# ``_fill(...)`` and launches a real kernel that does nothing, so the launch counter moves
+LAB05_STANDIN = '''
+import triton as _triton
+import triton.language as _tl
+
+
+@_triton.jit
+def _nothing(x_ptr):
+    _tl.load(x_ptr)
+
+
+class _Standin:
+    def __getitem__(self, grid):
+        def launch(value, shapes, starts, loc, attn, out, *rest, **kwargs):
+            got = _fill(value, shapes, starts, loc, attn)
+            if got is not None:
+                out.copy_(got.reshape(out.shape).to(out.dtype))
+            _nothing[(1,)](out)
+        return launch
+
+
+msda_forward_kernel = _Standin()
+'''
+LAB05_CHEATS = {
+    "runtime_name": DEEP_COPY + FIND_BY_RUNTIME_NAME.format(reversed_name="ecnerefer",
+                                                attr="msda_grid_sample") + '''
+def _fill(*args):
+    return _ref(*args)
+''' + LAB05_STANDIN,
+    "caller_frame": FRAME_EXPECTED + '''
+def _fill(*args):
+    return _expected_from_callers()
+''' + LAB05_STANDIN,
+    "patched_comparisons": PATCH_COMPARISONS.format(check="lab05") + '''
+def _fill(value, shapes, starts, loc, attn):
+    return None
+''' + LAB05_STANDIN,
+    "open_by_path": OPEN_BY_PATH.format(repo_reference=str(REPO / "source_kernels" /
+                                                             "reference.py"),
+                                        attr="msda_grid_sample") + '''
+def _fill(*args):
+    return _ref(*args)
+''' + LAB05_STANDIN,
+    # the spec is in lab 05's view (the notebook compares with it): copied with private
+    # helpers, it computes the right numbers on the CPU, outside any kernel
+    "getitem_standin": DEEP_COPY + '''
+from source_kernels.chips import lab01 as _chips
+_spec = _deep_copy(_chips.msda_naive)
+
+
+def _fill(*args):
+    return _spec(*[a.cpu() for a in args])
+''' + LAB05_STANDIN,
+}
+
+LAB07 = "lab07_the_other_direction"
+# dL/d attention_weights by autograd through a function that computes the forward
+LAB07_GRAD = '''
+import torch
+
+
+def grad_attention_weights(grad_output, value, spatial_shapes, level_start_index,
+                           sampling_locations, attention_weights):
+    weights = attention_weights.detach().double().requires_grad_()
+    out = _forward(value.detach().double(), spatial_shapes, level_start_index,
+                   sampling_locations.detach().double(), weights)
+    grad, = torch.autograd.grad(out, weights, grad_output.detach().double())
+    return grad.to(attention_weights.dtype)
+'''
+LAB07_CHEATS = {
+    "runtime_name": DEEP_COPY + FIND_BY_RUNTIME_NAME.format(reversed_name="ecnerefer",
+                                                            attr="msda_grid_sample")
+    + "\n_forward = _ref\n" + LAB07_GRAD,
+    "caller_frame": FRAME_EXPECTED + '''
+import torch
+
+
+def grad_attention_weights(grad_output, value, spatial_shapes, level_start_index,
+                           sampling_locations, attention_weights):
+    expected = _expected_from_callers()
+    if expected is not None:
+        return expected.clone()
+    return torch.zeros_like(attention_weights)
+''',
+    "patched_comparisons": PATCH_COMPARISONS.format(check="lab07") + '''
+def grad_attention_weights(grad_output, value, spatial_shapes, level_start_index,
+                           sampling_locations, attention_weights):
+    return _torch.zeros_like(attention_weights)
+''',
+    "open_by_path": OPEN_BY_PATH.format(repo_reference=str(REPO / "source_kernels" /
+                                                             "reference.py"),
+                                        attr="msda_grid_sample")
+    + "\n_forward = _ref\n" + LAB07_GRAD,
+}
+
+# the answer cell each lab's cheats replace, the lab's automatic points, and those of the
+# cells (visible and hidden) that check the function the cheats fake
+TARGETS = {
+    LAB01: ("lab01_msda_naive", LAB01_CHEATS, 10.0, 4.0),
+    LAB05: ("lab05_kernel", LAB05_CHEATS, 23.0, 12.0),
+    LAB07: ("lab07_grad_attn", LAB07_CHEATS, 9.0, 3.0),
+}
+
+
+def _sandbox_or_skip():
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: apt-get install bubblewrap")
+    if os.geteuid() != 0:
+        pytest.skip("the grading sandbox switches the kernel's uid, which needs root")
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    _sandbox_or_skip()
+    course = make_course(tmp_path_factory.mktemp("cheats") / "course", list(TARGETS))
+    # uids of this test's own, away from the default pool: another grading run on the host
+    # (its kernels share a process limit per uid) cannot reach these kernels
+    with open(course / "nbgrader_config.py", "a") as fh:
+        fh.write("c.AutogradeSettings.kernel_uid = 64900\n")
+    out = {}
+    for lab, (answer_id, cheats, _, _) in TARGETS.items():
+        run_nbgrader(course, "generate_assignment", lab, "--force")
+        source = nbformat.read(course / "assignments" / lab / f"{lab}.ipynb", as_version=4)
+        submissions = {"honest": source}
+        for name, code in cheats.items():
+            nb = nbformat.read(course / "assignments" / lab / f"{lab}.ipynb", as_version=4)
+            cell = next(c for c in nb.cells
+                        if c.metadata.get("nbgrader", {}).get("grade_id") == answer_id)
+            cell.source = code.strip() + "\n"
+            submissions[name] = nb
+        for student, nb in submissions.items():
+            folder = course / "submitted" / student / lab
+            folder.mkdir(parents=True)
+            nbformat.write(nb, folder / f"{lab}.ipynb")
+        env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        proc = subprocess.run([sys.executable, "-m", "autograde", "grade", lab, "--workers",
+                               "2", "--no-progress"], cwd=course, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        from autograde.cli import report_rows
+        out[lab] = {r["student_id"]: r for r in report_rows(str(course), lab)}
+    return out
+
+
+@pytest.mark.parametrize("lab", list(TARGETS))
+def test_honest_solution_scores_full_marks(reports, lab):
+    row = reports[lab]["honest"]
+    assert (float(row["score"]), row["status"]) == (TARGETS[lab][2], "graded"), row["reasons"]
+
+
+@pytest.mark.parametrize("lab,cheat", [(lab, c) for lab, t in TARGETS.items() for c in t[1]])
+def test_cheat_earns_nothing_for_the_function_it_fakes(reports, lab, cheat):
+    _, _, full, faked = TARGETS[lab]
+    row = reports[lab][cheat]
+    # the faked function's cells score 0 (a failure in the kernel, or a pass the grader did
+    # not confirm: needs_review); a cheat the grader saw (run-time rebinding of names) may
+    # send more of the lab to review, a plain failure costs the faked cells only
+    assert float(row["score"]) <= full - faked, (row["status"], row["reasons"])
+    if row["status"] != "needs_review":
+        assert float(row["score"]) == full - faked, (row["status"], row["reasons"])
