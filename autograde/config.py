@@ -29,8 +29,12 @@ class AutogradeSettings(Configurable):
         "Refuse to grade (instead of falling back to 'none') when the sandbox is unavailable."
     )).tag(config=True)
     kernel_uid = Int(64123, help=(
-        "Unprivileged uid of the grading kernels; parallel worker i uses kernel_uid + i, so "
-        "that the process limit counts one kernel's processes.")).tag(config=True)
+        "First unprivileged uid of the grading kernels.  Every running kernel on the host has "
+        "a uid of its own from kernel_uid .. kernel_uid + kernel_uid_count - 1, taken from a "
+        "pool of lock files shared by every grading command on the host (autograde/uids.py), "
+        "so that the process limit and the keyrings are one kernel's only.")).tag(config=True)
+    kernel_uid_count = Int(256, help="Size of the host's pool of kernel uids (kernels that "
+                                     "may run at once).").tag(config=True)
     memory_mb = Int(4096, help="Address-space limit of a grading kernel (MiB); 0: none. "
                                "Not applied in the GPU environment (CUDA reserves far more "
                                "virtual memory than it uses).").tag(config=True)

@@ -11,6 +11,7 @@ import tempfile
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
+from . import uids
 from .config import cores
 
 __all__ = ["SandboxKernelManager", "KernelSetup"]
@@ -65,15 +66,25 @@ def _remove_stale():
 
 
 class KernelSetup:
-    """Everything one grading kernel needs on the host: a private folder (spec and connection
+    """Everything one grading kernel needs on the host: a uid of its own from the host's pool
+    (:mod:`autograde.uids`, held until :meth:`cleanup`), a private folder (spec and connection
     file, root only), a socket folder (the kernel's uid while it starts, then closed)."""
 
-    def __init__(self, *, mode, environment, settings, seed, worker=0, workers=1):
+    def __init__(self, *, mode, environment, settings, seed, worker=0, workers=1,
+                 course_root=None):
         self.mode = mode
         self.environment = environment
         self.settings = settings
         self.seed = seed
-        self.uid = settings.kernel_uid + worker
+        self.lease = None
+        if mode == "bwrap":
+            fallback = os.path.join(course_root or os.getcwd(), settings.status_directory,
+                                    ".uids")
+            self.lease = uids.acquire(settings.kernel_uid, settings.kernel_uid_count,
+                                      uids.pool_directory(fallback), prefer=worker)
+            self.uid = self.lease.uid
+        else:
+            self.uid = os.getuid()
         _remove_stale()
         self.private = tempfile.mkdtemp(prefix=f"autograde-{os.getpid()}-")
         self.sock_dir = tempfile.mkdtemp(prefix=f"ag-ipc-{os.getpid()}-")
@@ -157,9 +168,25 @@ class KernelSetup:
             os.chown(self.sock_dir, 0, 0)
             os.chmod(self.sock_dir, 0o700)
 
+    def exit_report(self):
+        """What the launcher wrote when the kernel exited (status, signal, its first and last
+        output), or None while it runs."""
+        try:
+            with open(os.path.join(self.private, "exit.json")) as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return None
+
     def cleanup(self):
+        """Remove the folders; scrub the uid (processes, keyrings, files) and give it back."""
         shutil.rmtree(self.private, ignore_errors=True)
         shutil.rmtree(self.sock_dir, ignore_errors=True)
+        if self.lease is not None:
+            try:
+                uids.scrub(self.uid)
+            finally:
+                self.lease.release()
+                self.lease = None
 
 
 class SandboxKernelManager(AsyncKernelManager):
