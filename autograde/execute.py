@@ -35,7 +35,7 @@ from .kernel import KernelSetup
 from .recording import MIME
 from .sandbox import sandbox_available
 
-__all__ = ["SandboxedExecute", "resolve_sandbox"]
+__all__ = ["SandboxedExecute", "resolve_sandbox", "sandbox_warning"]
 
 _SANDBOX_CACHE = {}
 
@@ -48,11 +48,28 @@ def resolve_sandbox(settings: AutogradeSettings, log=None) -> str:
     ok, why = _SANDBOX_CACHE["v"]
     if ok:
         return "bwrap"
-    if settings.sandbox == "bwrap" or settings.require_sandbox:
-        raise RuntimeError(f"the grading sandbox is required but unavailable: {why}")
+    if settings.sandbox == "bwrap" or settings.sandbox_required:
+        raise RuntimeError(
+            f"the grading sandbox is required but unavailable: {why}.  Install bubblewrap "
+            f"(`apt-get install bubblewrap`) and run the grading command as root; or, to grade "
+            f"trusted notebooks without isolation, set c.AutogradeSettings.sandbox = 'none'")
     if log is not None:
-        log.warning("NO SANDBOX for grading kernels: %s", why)
+        log.warning(NO_SANDBOX_BANNER, why)
     return "none"
+
+
+NO_SANDBOX_BANNER = ("GRADING RUNS WITHOUT A SANDBOX: student code can read and write whatever "
+                     "the grader can (%s)")
+
+
+def sandbox_warning(settings):
+    """None when grading kernels run in the sandbox here, else the loud line for the
+    console (raises like resolve_sandbox when the sandbox is required)."""
+    if settings.sandbox == "none":
+        return NO_SANDBOX_BANNER % "AutogradeSettings.sandbox = 'none'"
+    if resolve_sandbox(settings) == "none":
+        return NO_SANDBOX_BANNER % _SANDBOX_CACHE["v"][1]
+    return None
 
 
 def _error(ename, evalue):

@@ -8,7 +8,8 @@ the wall time differ.
 
 - Workers: at most the number of cores, and at most what memory allows (each kernel may use
   ``AutogradeSettings.memory_mb``, plus about 1 GiB for the grader process); ``--workers``
-  overrides.  Worker i runs its kernels as uid ``kernel_uid + i``.
+  overrides.  Every kernel runs as a uid that no other running kernel on the host has, from
+  a pool shared by every grading command on the host (:mod:`autograde.uids`).
 - The gradebook: with SQLite, gradebook writes are serialised by a lock file
   (:mod:`autograde.dblock`); notebooks run in parallel.
 - Several hosts: ``--shard i/n`` grades every n-th student starting at i, so that n hosts
@@ -199,6 +200,16 @@ def grade_class(root, assignment, workers=None, force=False, students=None, prog
     sqlite = _coursedir(config, root).db_url.startswith("sqlite")
     todo, skipped = plan(root, assignment, force=force, students=students, shard=shard,
                          statuses=statuses)
+    if todo:
+        from .execute import sandbox_warning
+        try:
+            warning = sandbox_warning(settings)
+        except RuntimeError as exc:
+            raise SystemExit(f"autograde: {exc}") from None
+        if warning:
+            bar = "!" * 78
+            out.write(f"{bar}\n!! {warning}\n{bar}\n")
+            out.flush()
     log_dir = os.path.join(root, settings.status_directory, assignment, "logs")
     os.makedirs(log_dir, exist_ok=True)
     n = workers or default_workers(settings, len(todo))
