@@ -126,8 +126,12 @@ class KernelSetup:
                 # Triton looks libcuda up with `ldconfig -p`, which cannot run in the sandbox
                 env["TRITON_LIBCUDA_PATH"] = libcuda
         extra = [os.path.realpath(p) for p in s.extra_python_paths if os.path.isdir(p)]
-        if extra:
-            env["PYTHONPATH"] = ":".join(extra)
+        # the kernel imports the course packages the grader imports (bound below), not
+        # whatever an editable install elsewhere would point it to
+        roots = list(dict.fromkeys(os.path.dirname(p) for p in
+                                   _package_dirs(["source_kernels", "autograde"])))
+        if extra or roots:
+            env["PYTHONPATH"] = ":".join(roots + extra)
         if self.mode == "none":
             env["HOME"] = self.private
             for key in ("MPLCONFIGDIR", "TRITON_CACHE_DIR", "IPYTHONDIR", "JUPYTER_RUNTIME_DIR",

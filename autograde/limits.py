@@ -58,8 +58,10 @@ def from_exit(report, settings):
     text = f"{report.get('head', '')}\n{report.get('tail', '')}"
     code = report.get("status")
     cpu = report.get("cpu_seconds")
-    if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or (
-            settings.cpu_seconds and cpu is not None and cpu >= settings.cpu_seconds - 1):
+    killed = code in (-signal.SIGKILL, 128 + signal.SIGKILL, -signal.SIGXCPU,
+                      128 + signal.SIGXCPU)
+    if killed and settings.cpu_seconds and cpu is not None and \
+            cpu >= settings.cpu_seconds - 1.5:
         return "CPU-time limit", (f"CPU-time limit: the kernel used its {settings.cpu_seconds} "
                                  f"CPU seconds and was stopped")
     if code in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ) or _has(text, _FILE_SIZE):

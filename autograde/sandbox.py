@@ -216,6 +216,24 @@ def _drain(stream, keep, sink, tail=None):
         tail.append(last)
 
 
+def _watch_cpu(uid, stop, seen, every=0.5):
+    """Keep in ``seen[0]`` the most CPU seconds any process of ``uid`` has used (the uid is
+    this kernel's alone, so that is the kernel's; RLIMIT_CPU counts per process)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    while not stop.wait(every):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid != uid:
+                    continue
+                with open(f"/proc/{name}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                seen[0] = max(seen[0], (int(fields[11]) + int(fields[12])) / tick)
+            except (OSError, ValueError, IndexError):
+                continue
+
+
 def _write_exit_report(spec_path, code, head, tail, cpu_seconds=None):
     """exit.json beside the spec (the grader's private folder): how the kernel ended, read by
     autograde.execute to name a limit the kernel ran into."""
@@ -273,15 +291,14 @@ def launch(spec_path, connection_file, extra_args):
     reader = threading.Thread(target=_drain, args=(proc.stdout, _KEEP_OUTPUT, kept, tail),
                               daemon=True)
     reader.start()
-    cpu = None
-    try:
-        _, wait_status, usage = os.wait4(proc.pid, 0)    # CPU time of the kernel included
-        code = proc.returncode = os.waitstatus_to_exitcode(wait_status)
-        cpu = round(usage.ru_utime + usage.ru_stime, 2)
-    except ChildProcessError:
-        code = proc.wait()
+    stop, cpu = threading.Event(), [0.0]
+    watcher = threading.Thread(target=_watch_cpu, args=(uid, stop, cpu), daemon=True)
+    watcher.start()
+    code = proc.wait()
+    stop.set()
     reader.join(timeout=2)
-    _write_exit_report(spec_path, code, b"".join(kept), tail[0] if tail else b"", cpu)
+    _write_exit_report(spec_path, code, b"".join(kept), tail[0] if tail else b"",
+                       round(cpu[0], 2))
     if code != 0:
         text = b"".join(kept).decode(errors="replace").strip()
         sys.stderr.write(f"[autograde sandbox] kernel exited with status {code}"
