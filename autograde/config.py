@@ -96,8 +96,13 @@ class AutogradeSettings(Configurable):
     status_directory = Unicode("autograde_status", help=(
         "Where the per-submission grading status lives, relative to the course root."
     )).tag(config=True)
-    gpu_devices = Unicode("", help="CUDA_VISIBLE_DEVICES for GPU grading kernels ('' keeps "
-                                   "the grader's).").tag(config=True)
+    gpu_devices = Unicode("", help="The GPUs grading kernels may use, as CUDA_VISIBLE_DEVICES "
+                                   "('' : the grader's, else every GPU of the host)."
+                          ).tag(config=True)
+    gpu_per_kernel = Bool(True, help=(
+        "In the GPU environment, give every kernel one of those GPUs, in turn by its slot in "
+        "the host's uid pool (autograde/gpus.py), so that a class spreads over the GPUs; "
+        "False: every kernel sees all of them.")).tag(config=True)
     extra_ro_paths = List(Unicode(), help="More host folders the kernel may read (for "
                                           "example a CUDA toolkit under /opt).").tag(config=True)
 

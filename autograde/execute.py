@@ -143,6 +143,8 @@ class SandboxedExecute(Execute):
         self.info["seeds"][str(self._incarnation)] = seed
         kernel = {"incarnation": self._incarnation, "uid": self._setup.uid,
                   "host": socket.gethostname(), "pid": os.getpid(), "start": time.time()}
+        if self._setup.gpu is not None:
+            kernel["gpu"] = self._setup.gpu
         self.info["kernels"].append(kernel)
         if self._incarnation == 1:
             student, notebook, environment, mode, settings = self._describe
@@ -150,6 +152,9 @@ class SandboxedExecute(Execute):
                           describe(environment, mode, settings, self.timeout, self._setup.uid))
         else:
             self.log.info("kernel %d runs as uid %s", self._incarnation, self._setup.uid)
+        if self._setup.gpu is not None:
+            self.log.info("kernel %d sees GPU %s (CUDA_VISIBLE_DEVICES)", self._incarnation,
+                          self._setup.gpu or "none")
         self.km = self._setup.kernel_manager(parent=self)
         started = time.monotonic()
         try:

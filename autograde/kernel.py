@@ -11,7 +11,7 @@ import tempfile
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from . import uids
+from . import gpus, uids
 from .config import cores
 
 __all__ = ["SandboxKernelManager", "KernelSetup"]
@@ -83,8 +83,10 @@ class KernelSetup:
             self.lease = uids.acquire(settings.kernel_uid, settings.kernel_uid_count,
                                       uids.pool_directory(fallback), prefer=worker)
             self.uid = self.lease.uid
+            self.slot = self.uid - settings.kernel_uid
         else:
             self.uid = os.getuid()
+            self.slot = worker
         _remove_stale()
         self.private = tempfile.mkdtemp(prefix=f"autograde-{os.getpid()}-")
         self.sock_dir = tempfile.mkdtemp(prefix=f"ag-ipc-{os.getpid()}-")
@@ -94,6 +96,7 @@ class KernelSetup:
         threads = settings.threads or max(1, cores() // max(1, workers))
         self.threads = threads
         self.spec_path = os.path.join(self.private, "sandbox.json")
+        self.gpu = None
         self._write_spec(threads)
 
     def _write_spec(self, threads):
@@ -115,7 +118,8 @@ class KernelSetup:
             env["TRITON_INTERPRET"] = "1"
             env["CUDA_VISIBLE_DEVICES"] = ""
         else:
-            visible = s.gpu_devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            visible = gpus.for_kernel(self.slot, gpus.host_gpus(s.gpu_devices),
+                                      s.gpu_per_kernel)
             if visible:
                 env["CUDA_VISIBLE_DEVICES"] = visible
             for key in ("CUDA_HOME", "LD_LIBRARY_PATH", "TRITON_PTXAS_PATH"):
@@ -143,6 +147,8 @@ class KernelSetup:
         ro += [p for p in s.extra_ro_paths if os.path.exists(p)]
         if env.get("TRITON_LIBCUDA_PATH"):
             ro.append(env["TRITON_LIBCUDA_PATH"])
+        if self.environment == "gpu":
+            self.gpu = env.get("CUDA_VISIBLE_DEVICES")
         limits = {"memory_mb": s.memory_mb if self.environment == "cpu" else 0,
                   "processes": s.processes, "cpu_seconds": s.cpu_seconds,
                   "file_mb": s.file_mb, "open_files": s.open_files}

@@ -535,3 +535,38 @@ def test_similarity_ignores_renaming_reordering_comments_and_the_template():
     assert len(own_statements(a, template)) == len(own_statements(a)) - 1   # the header
     assert kgrams(own_statements("x = torch.ones(3)\n"), 8) != \
         kgrams(own_statements("x = torch.zeros(3)\n"), 8)          # attributes count
+
+
+# ------------------------------------------------------------------ GPUs
+def test_gpu_kernels_take_the_hosts_gpus_in_turn():
+    """The assignment logic, on any host: kernels running together get the GPUs in turn by
+    their slot in the uid pool.  On a 2-GPU host the same shows in the ledgers (see
+    autograde/gpus.py and the report)."""
+    from autograde import gpus
+    from autograde.config import AutogradeSettings
+    from autograde.kernel import KernelSetup
+    assert gpus.host_gpus("", {"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
+    assert gpus.host_gpus("0,1", {"CUDA_VISIBLE_DEVICES": "5"}) == ["0", "1"]
+    assert [gpus.for_kernel(s, ["0", "1"]) for s in range(5)] == ["0", "1", "0", "1", "0"]
+    assert gpus.for_kernel(3, ["0", "1"], per_kernel=False) == "0,1"
+    assert gpus.for_kernel(0, []) == ""
+    _sandbox_or_skip()
+    settings = AutogradeSettings(gpu_devices="0,1")
+    setups = [KernelSetup(mode="bwrap", environment="gpu", settings=settings, seed="s")
+              for _ in range(3)]
+    try:
+        specs = [json.loads(Path(s.spec_path).read_text()) for s in setups]
+        uids = [s.uid for s in setups]
+        assert len(set(uids)) == 3
+        for setup, spec in zip(setups, specs):
+            expected = ["0", "1"][(setup.uid - settings.kernel_uid) % 2]
+            assert spec["env"]["CUDA_VISIBLE_DEVICES"] == setup.gpu == expected
+        if uids[1] == uids[0] + 1:
+            assert {setups[0].gpu, setups[1].gpu} == {"0", "1"}
+        cpu = KernelSetup(mode="bwrap", environment="cpu", settings=settings, seed="s")
+        assert cpu.gpu is None and \
+            json.loads(Path(cpu.spec_path).read_text())["env"]["CUDA_VISIBLE_DEVICES"] == ""
+        cpu.cleanup()
+    finally:
+        for setup in setups:
+            setup.cleanup()
