@@ -25,6 +25,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 import time
 
 __all__ = ["grade_class", "plan", "default_workers"]
@@ -190,6 +191,14 @@ class _Progress:
         self.stream.flush()
 
 
+def _warm_similarity(root, config, settings, assignment):
+    try:
+        from . import similarity
+        similarity.class_flags(root, settings, _coursedir(config, root), assignment)
+    except Exception:                                   # noqa: BLE001  (the report retries)
+        pass
+
+
 def grade_class(root, assignment, workers=None, force=False, students=None, progress=True,
                 out=sys.stderr, shard=None, statuses=None):
     """Autograde every submission of ``assignment``; returns a summary dict."""
@@ -222,6 +231,9 @@ def grade_class(root, assignment, workers=None, force=False, students=None, prog
     bar = _Progress(len(todo), n, out, enabled=progress)
     if todo:
         bar.update()
+        warm = threading.Thread(target=_warm_similarity, args=(root, config, settings,
+                                                               assignment), daemon=True)
+        warm.start()                 # parse the course's modules while the workers grade
         context = multiprocessing.get_context("spawn")
         counter = context.Value("i", 0)
         with context.Pool(n, initializer=_init_worker,
@@ -232,6 +244,7 @@ def grade_class(root, assignment, workers=None, force=False, students=None, prog
                 results.append({"student": student, "nbgrader_exit": code,
                                 "seconds": round(seconds, 3)})
                 bar.update(student, code)
+        warm.join()
     return {"assignment": assignment, "workers": n, "graded": results,
             "skipped": [s for s, _ in skipped],
             "seconds": round(time.monotonic() - started, 3)}

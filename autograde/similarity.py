@@ -250,25 +250,74 @@ def _units(text):
     return out
 
 
+_MEMO = {}
+
+
+def _load_cache(path):
+    """k-grams of the course's modules, by file and modification time (in this process, and
+    in ``path`` between commands)."""
+    stored = dict(_MEMO)
+    if path:
+        try:
+            with open(path) as fh:
+                stored.update(json.load(fh))
+        except (OSError, ValueError):
+            pass
+    return stored
+
+
+def _save_cache(path, entries):
+    _MEMO.clear()
+    _MEMO.update(entries)
+    if not path:
+        return
+    try:
+        with open(path) as fh:
+            if json.load(fh).keys() == entries.keys():
+                return
+    except (OSError, ValueError):
+        pass
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as fh:
+            json.dump(entries, fh)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
 class _Sources:
     """The course's side: k-grams of the packages' modules and of the lab's solutions."""
 
-    def __init__(self, settings, source_notebooks, release_notebooks, packages=None):
+    def __init__(self, settings, source_notebooks, release_notebooks, packages=None,
+                 cache=None):
         k = settings.similarity_kgram
         self.k = k
         packages = list(settings.similarity_packages if packages is None else packages)
         self.modules = []                   # (label, grams, [(unit, grams)])
+        stored = _load_cache(cache)
+        fresh = {}
         for path in _package_files(packages):
             try:
-                with open(path, encoding="utf-8") as fh:
-                    text = fh.read()
+                info = os.stat(path)
             except OSError:
                 continue
-            grams = kgrams(statements(normalise(text)), k)
+            key = f"{os.path.realpath(path)}:{info.st_mtime_ns}:{info.st_size}:{k}"
+            if key not in stored:
+                try:
+                    with open(path, encoding="utf-8") as fh:
+                        text = fh.read()
+                except OSError:
+                    continue
+                stored[key] = [sorted(kgrams(statements(normalise(text)), k)),
+                               [(name, sorted(kgrams(statements(normalise(src)), k)))
+                                for name, src in _units(text)]]
+            fresh[key] = stored[key]
+            grams, units = stored[key]
             if grams:
-                units = [(name, kgrams(statements(normalise(src)), k))
-                         for name, src in _units(text)]
-                self.modules.append((_course_label(path, packages), grams, units))
+                self.modules.append((_course_label(path, packages), set(grams),
+                                     [(name, set(u)) for name, u in units]))
+        _save_cache(cache, fresh)
         self.templates = {}                 # (notebook, gid) -> the released cell's source
         for name, nb in release_notebooks.items():
             self.templates.update({(name, gid): src for gid, src in answer_cells(nb).items()})
@@ -362,7 +411,9 @@ def class_flags(root, settings, coursedir, assignment):
     source = _notebooks_in(coursedir.format_path(coursedir.source_directory, ".", assignment))
     if not release and not source:
         return {}, []
-    sources = _Sources(settings, source, release)
+    sources = _Sources(settings, source, release,
+                       cache=os.path.join(root, settings.status_directory,
+                                          ".similarity-modules.json"))
     submitted = coursedir.format_path(coursedir.submitted_directory, ".", ".")
     submissions = {}
     if os.path.isdir(submitted):

@@ -14,7 +14,9 @@ Before a uid is handed out and after its kernel stops, :func:`scrub` removes wha
 have left on the host: its processes (``kill(-1, SIGKILL)`` run *as* the uid, so that a
 fork bomb cannot outrun a list of pids), the keys of its user and user-session keyrings (the
 kernel itself runs in a fresh anonymous session keyring, :func:`new_session_keyring`), and
-its files in the host's ``/dev/shm``, ``/tmp`` and ``/var/tmp``.  Inside the sandbox ``/tmp``
+its files in the host's ``/dev/shm``, ``/tmp`` and ``/var/tmp``.  The processes and keys are
+removed by a helper that runs as the uid, started only when ``/proc`` shows a process of
+the uid or ``/proc/key-users`` a key it owns.  Inside the sandbox ``/tmp``
 and ``/dev/shm`` are private tmpfs folders that vanish with the kernel; the host's folders
 are scrubbed as well in case a kernel ever ran without them (``sandbox = 'none'`` runs under
 the grader's own uid and is not scrubbed).
@@ -34,7 +36,7 @@ import subprocess
 import sys
 
 __all__ = ["UidLease", "acquire", "pool_directory", "scrub", "new_session_keyring",
-           "processes_of"]
+           "processes_of", "owns_keys"]
 
 ROOT_POOL = "/run/autograde-uids"
 SCRUBBED_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp")
@@ -177,6 +179,21 @@ def _remove_files_of(uid, folders=SCRUBBED_FOLDERS):
     return removed
 
 
+def owns_keys(uid):
+    """Whether ``uid`` owns keys besides its user and user-session keyrings (the kernel
+    creates both at once, on first use, and ``/proc/key-users`` counts them); True when that
+    cannot be read."""
+    try:
+        with open("/proc/key-users") as fh:
+            for line in fh:
+                owner, _, rest = line.partition(":")
+                if owner.strip() == str(uid):
+                    return int(rest.split()[1].split("/")[0]) > 2
+    except (OSError, ValueError, IndexError):
+        return True
+    return False
+
+
 def scrub(uid, keyrings=True):
     """Remove what ``uid`` may have left on this host (see the module docstring); returns a
     dict of what was found.  Needs root; does nothing for uid 0 or the grader's own uid."""
@@ -184,7 +201,10 @@ def scrub(uid, keyrings=True):
         return {}
     found = {}
     pids = processes_of(uid)
-    if pids or keyrings:
+    keys = keyrings and owns_keys(uid)
+    if keys:
+        found["keys"] = True
+    if pids or keys:
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
         subprocess.run([setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
                         sys.executable, "-I", "-S", "-c", _AS_UID, str(_keyctl_number() or 0)],
