@@ -115,7 +115,11 @@ def cmd_env(args):
     from .execute import resolve_sandbox
     _, settings = _settings(os.path.abspath(args.root))
     env = resolve_environment(settings)
-    mode = resolve_sandbox(settings)
+    try:
+        mode = resolve_sandbox(settings)
+    except RuntimeError as exc:
+        print(f"autograde: {exc}", file=sys.stderr)
+        return 1
     print(describe(env, mode, settings, settings.timeout_for(args.assignment or ""),
                    settings.kernel_uid))
     return 0
