@@ -127,11 +127,9 @@ def normalise(source):
         return _tokens(ast.unparse(tree))
     except (SyntaxError, ValueError, RecursionError):
         pass
-    names = set()
     out = []
     for tok in _tokens(text):                     # code that does not parse: tokens only
         if tok.isidentifier() and tok not in _KEYWORDS:
-            names.add(tok)
             out.append("V")
         else:
             out.append(tok)

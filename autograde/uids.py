@@ -28,7 +28,6 @@ import errno
 import fcntl
 import os
 import platform
-import random
 import shutil
 import signal
 import stat
