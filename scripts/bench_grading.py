@@ -207,6 +207,8 @@ def compare(before, students, workers, repeats, argv, out):
                           "runs": runs, "median_seconds_per_submission": per[len(per) // 2]}
     ratio = summary["after"]["median_seconds_per_submission"] / \
         summary["before"]["median_seconds_per_submission"]
+    pairs = sorted(round(a["seconds"] / b["seconds"], 3)
+                   for b, a in zip(rows["before"], rows["after"]))
     result = {"provenance": dict(provenance(argv), commit=_commit(REPO),
                                  note="wall-clock seconds of the parallel command over the "
                                       "fixture class; before and after measured back to back, "
@@ -217,13 +219,16 @@ def compare(before, students, workers, repeats, argv, out):
               "command": f"python -m autograde grade labfx --no-progress --workers {workers}",
               "before": summary["before"], "after": summary["after"],
               "after_over_before": round(ratio, 3),
+              "after_over_before_by_pair": pairs,
+              "median_of_pair_ratios": pairs[len(pairs) // 2],
               "same_scores": scores.get("before") == scores.get("after"),
               "scores": scores.get("after")}
     path = Path(out)
     data = json.loads(path.read_text()) if path.exists() else {}
     data["isolation_before_after"] = result
     path.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"after/before: {ratio:.3f}; same scores: {result['same_scores']}")
+    print(f"after/before: {ratio:.3f} (medians), by pair {pairs}; same scores: "
+          f"{result['same_scores']}")
     return 0
 
 
