@@ -5,7 +5,8 @@
         autograde every submission in parallel (resumable; same scores as nbgrader's
         sequential ``nbgrader autograde``), then print the report
   report ASSIGNMENT [--csv FILE] [--json FILE]
-        score and grading status of every submission, ungradable ones with their reasons
+        score and grading status of every submission, ungradable ones with their reasons,
+        answers the similarity check matched as needs_review (autograde/similarity.py)
   probe
         start one grading kernel and show what it can reach (uid, network, course files,
         limits): a check of the sandbox on this host
@@ -36,7 +37,7 @@ def report_rows(root, assignment):
     """Rows of the report: every student with a submission or a gradebook entry."""
     from nbgrader.api import Gradebook
 
-    from . import export, status
+    from . import export
     from .parallel import _coursedir
     config, settings = _settings(root)
     cd = _coursedir(config, root)
@@ -46,20 +47,12 @@ def report_rows(root, assignment):
             gb.find_assignment(assignment)
         except Exception:                               # noqa: BLE001
             rows = []
-    seen = {r["student_id"] for r in rows}
-    submitted = cd.format_path(cd.submitted_directory, ".", ".")
-    if os.path.isdir(submitted):
-        for student in sorted(os.listdir(submitted)):
-            folder = cd.format_path(cd.submitted_directory, student, assignment)
-            if student in seen or not os.path.isdir(folder):
-                continue
-            entry = status.read(status.ledger_path(root, settings, assignment, student))
-            state, reasons = status.summarize(entry)
-            if entry is None and not any(f.endswith(".ipynb") for f in os.listdir(folder)):
-                state, reasons = "ungradable", ["no notebook in the submission"]
-            rows.append({"assignment": assignment, "student_id": student, "score": "",
-                         "max_score": "", "status": state, "reasons": "; ".join(reasons)})
+    seen = {r["student_id"] for r in rows if r.get("status") != "not_submitted"}
+    extra = export.ungraded_submissions(root, settings, cd, assignment, seen)
+    known = {r["student_id"] for r in extra}
+    rows = [r for r in rows if r["student_id"] not in known] + extra
     rows = [r for r in rows if r.get("status") != "not_submitted"]
+    export.apply_similarity(rows, root, settings, cd, assignment)
     return sorted(rows, key=lambda r: r["student_id"])
 
 
@@ -122,7 +115,11 @@ def cmd_env(args):
     from .execute import resolve_sandbox
     _, settings = _settings(os.path.abspath(args.root))
     env = resolve_environment(settings)
-    mode = resolve_sandbox(settings)
+    try:
+        mode = resolve_sandbox(settings)
+    except RuntimeError as exc:
+        print(f"autograde: {exc}", file=sys.stderr)
+        return 1
     print(describe(env, mode, settings, settings.timeout_for(args.assignment or ""),
                    settings.kernel_uid))
     return 0

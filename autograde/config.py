@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode
 from traitlets.config import Configurable
@@ -25,12 +26,18 @@ class AutogradeSettings(Configurable):
         "'bwrap': bubblewrap sandbox and an unprivileged uid (needs root and bubblewrap); "
         "'none': a plain kernel with resource limits only; 'auto': bwrap when it works here, "
         "else none.")).tag(config=True)
-    require_sandbox = Bool(False, help=(
-        "Refuse to grade (instead of falling back to 'none') when the sandbox is unavailable."
-    )).tag(config=True)
+    require_sandbox = Bool(None, allow_none=True, help=(
+        "Refuse to grade (instead of falling back to 'none') when the sandbox is unavailable. "
+        "Unset: True on Linux, where bubblewrap can be installed (apt-get install bubblewrap, "
+        "grading as root), False elsewhere.  sandbox = 'none' still grades without a sandbox "
+        "when asked for by name.")).tag(config=True)
     kernel_uid = Int(64123, help=(
-        "Unprivileged uid of the grading kernels; parallel worker i uses kernel_uid + i, so "
-        "that the process limit counts one kernel's processes.")).tag(config=True)
+        "First unprivileged uid of the grading kernels.  Every running kernel on the host has "
+        "a uid of its own from kernel_uid .. kernel_uid + kernel_uid_count - 1, taken from a "
+        "pool of lock files shared by every grading command on the host (autograde/uids.py), "
+        "so that the process limit and the keyrings are one kernel's only.")).tag(config=True)
+    kernel_uid_count = Int(256, help="Size of the host's pool of kernel uids (kernels that "
+                                     "may run at once).").tag(config=True)
     memory_mb = Int(4096, help="Address-space limit of a grading kernel (MiB); 0: none. "
                                "Not applied in the GPU environment (CUDA reserves far more "
                                "virtual memory than it uses).").tag(config=True)
@@ -71,13 +78,39 @@ class AutogradeSettings(Configurable):
         "Cell tags (in the source notebook) of graded cells that need a GPU.")).tag(config=True)
     forbidden_extra = Dict(help="Assignment id -> more dotted names a graded function must "
                                 "not use (static scan).").tag(config=True)
+    similarity_threshold = Float(0.7, help=(
+        "Share of an answer's own normalised k-grams (what the student wrote beyond the "
+        "released template) found in a chip, the reference, an operator module, the lab's "
+        "solution or another student's answer, from which the submission is listed with "
+        "status needs_review (autograde/similarity.py); 0 turns the check off.  The score is "
+        "never changed.")).tag(config=True)
+    similarity_kgram = Int(8, help="Tokens per k-gram of the similarity check."
+                           ).tag(config=True)
+    similarity_min_statements = Int(8, help=(
+        "Answers with fewer statements of the student's own (beyond the released template) "
+        "are not compared: short answers to small tasks are written alike by everyone."
+    )).tag(config=True)
+    similarity_packages = List(Unicode(), ["source_kernels"], help=(
+        "Packages whose modules (the chips, the reference, the operator) answers are "
+        "compared with.")).tag(config=True)
     status_directory = Unicode("autograde_status", help=(
         "Where the per-submission grading status lives, relative to the course root."
     )).tag(config=True)
-    gpu_devices = Unicode("", help="CUDA_VISIBLE_DEVICES for GPU grading kernels ('' keeps "
-                                   "the grader's).").tag(config=True)
+    gpu_devices = Unicode("", help="The GPUs grading kernels may use, as CUDA_VISIBLE_DEVICES "
+                                   "('' : the grader's, else every GPU of the host)."
+                          ).tag(config=True)
+    gpu_per_kernel = Bool(True, help=(
+        "In the GPU environment, give every kernel one of those GPUs, in turn by its slot in "
+        "the host's uid pool (autograde/gpus.py), so that a class spreads over the GPUs; "
+        "False: every kernel sees all of them.")).tag(config=True)
     extra_ro_paths = List(Unicode(), help="More host folders the kernel may read (for "
                                           "example a CUDA toolkit under /opt).").tag(config=True)
+
+    @property
+    def sandbox_required(self) -> bool:
+        if self.require_sandbox is None:
+            return sys.platform.startswith("linux")
+        return bool(self.require_sandbox)
 
     def timeout_for(self, assignment_id: str) -> int:
         if assignment_id in self.lab_timeouts:
@@ -136,7 +169,8 @@ def describe(environment: str, sandbox: str, settings: AutogradeSettings, timeou
     else:
         env = "CPU (Triton interpreter, TRITON_INTERPRET=1; the kernel sees no GPU)"
     if sandbox == "bwrap":
-        box = (f"bubblewrap sandbox as uid {uid}, no network, limits: "
+        box = (f"bubblewrap sandbox as uid {uid} (no other running kernel has it), no network, "
+               f"limits: "
                + (f"{settings.memory_mb} MiB address space, " if settings.memory_mb and
                   environment == "cpu" else "")
                + f"{settings.processes} processes, {settings.cpu_seconds} CPU s, "

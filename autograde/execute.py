@@ -14,10 +14,12 @@ and the next cell runs.  What happens here as well:
 """
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
 import secrets
+import socket
 import time
 
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -27,13 +29,13 @@ from nbgrader import utils as nbutils
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
-from . import dblock, status
+from . import dblock, limits, status
 from .config import AutogradeSettings, describe, resolve_environment
 from .kernel import KernelSetup
 from .recording import MIME
 from .sandbox import sandbox_available
 
-__all__ = ["SandboxedExecute", "resolve_sandbox"]
+__all__ = ["SandboxedExecute", "resolve_sandbox", "sandbox_warning"]
 
 _SANDBOX_CACHE = {}
 
@@ -46,11 +48,28 @@ def resolve_sandbox(settings: AutogradeSettings, log=None) -> str:
     ok, why = _SANDBOX_CACHE["v"]
     if ok:
         return "bwrap"
-    if settings.sandbox == "bwrap" or settings.require_sandbox:
-        raise RuntimeError(f"the grading sandbox is required but unavailable: {why}")
+    if settings.sandbox == "bwrap" or settings.sandbox_required:
+        raise RuntimeError(
+            f"the grading sandbox is required but unavailable: {why}.  Install bubblewrap "
+            f"(`apt-get install bubblewrap`) and run the grading command as root; or, to grade "
+            f"trusted notebooks without isolation, set c.AutogradeSettings.sandbox = 'none'")
     if log is not None:
-        log.warning("NO SANDBOX for grading kernels: %s", why)
+        log.warning(NO_SANDBOX_BANNER, why)
     return "none"
+
+
+NO_SANDBOX_BANNER = ("GRADING RUNS WITHOUT A SANDBOX: student code can read and write whatever "
+                     "the grader can (%s)")
+
+
+def sandbox_warning(settings):
+    """None when grading kernels run in the sandbox here, else the loud line for the
+    console (raises like resolve_sandbox when the sandbox is required)."""
+    if settings.sandbox == "none":
+        return NO_SANDBOX_BANNER % "AutogradeSettings.sandbox = 'none'"
+    if resolve_sandbox(settings) == "none":
+        return NO_SANDBOX_BANNER % _SANDBOX_CACHE["v"][1]
+    return None
 
 
 def _error(ename, evalue):
@@ -90,9 +109,7 @@ class SandboxedExecute(Execute):
         self._workers = int(os.environ.get("AUTOGRADE_WORKERS", "1") or 1)
         self._mode, self._environment = mode, environment
         self._assignment = assignment
-        self.log.info("%s/%s: %s", student, nbg["notebook"],
-                      describe(environment, mode, settings, self.timeout,
-                               settings.kernel_uid + self._worker))
+        self._describe = (student, nbg["notebook"], environment, mode, settings)
         # what nbconvert's ExecutePreprocessor.preprocess does before running cells
         from nbclient import NotebookClient
         NotebookClient.__init__(self, nb, km)
@@ -100,7 +117,7 @@ class SandboxedExecute(Execute):
         self._check_assign_resources(resources)
         self.info = resources.setdefault("autograde", {})
         self.info.update(environment=environment, sandbox=mode, timeout=self.timeout,
-                         cells={}, incidents=[], seeds={})
+                         cells={}, incidents=[], seeds={}, kernels=[])
         self._setup = None
         self._incarnation = 0
         self._restarts = 0
@@ -123,16 +140,35 @@ class SandboxedExecute(Execute):
         seed = secrets.token_hex(16)
         self._setup = KernelSetup(mode=self._mode, environment=self._environment,
                                   settings=self._settings, seed=seed, worker=self._worker,
-                                  workers=self._workers, assignment=self._assignment)
+                                  workers=self._workers, assignment=self._assignment,
+                                  course_root=os.getcwd())
         self.info["seeds"][str(self._incarnation)] = seed
+        kernel = {"incarnation": self._incarnation, "uid": self._setup.uid,
+                  "host": socket.gethostname(), "pid": os.getpid(), "start": time.time()}
+        if self._setup.gpu is not None:
+            kernel["gpu"] = self._setup.gpu
+        self.info["kernels"].append(kernel)
+        if self._incarnation == 1:
+            student, notebook, environment, mode, settings = self._describe
+            self.log.info("%s/%s: %s", student, notebook,
+                          describe(environment, mode, settings, self.timeout, self._setup.uid))
+        else:
+            self.log.info("kernel %d runs as uid %s", self._incarnation, self._setup.uid)
+        if self._setup.gpu is not None:
+            self.log.info("kernel %d sees GPU %s (CUDA_VISIBLE_DEVICES)", self._incarnation,
+                          self._setup.gpu or "none")
         self.km = self._setup.kernel_manager(parent=self)
         started = time.monotonic()
         try:
             await self.async_start_new_kernel()
             await self.async_start_new_kernel_client()
         except Exception as exc:
+            named = limits.from_exit(await self._exit_report(), self._settings)
             self._setup.cleanup()
-            raise RuntimeError(f"the grading kernel did not start ({exc})") from exc
+            kernel["end"] = time.time()
+            self._setup = None
+            raise RuntimeError(f"the grading kernel did not start ({exc})"
+                               + (f"; {named[1]}" if named else "")) from exc
         self._setup.close_socket_dir()
         self.log.debug("kernel %d up in %.2f s", self._incarnation, time.monotonic() - started)
 
@@ -147,6 +183,20 @@ class SandboxedExecute(Execute):
         if self._setup is not None:
             self._setup.cleanup()
             self._setup = None
+            if self.info["kernels"]:
+                self.info["kernels"][-1]["end"] = time.time()
+
+    async def _exit_report(self, wait=2.0):
+        """The launcher's exit report of the current kernel (it is written just after the
+        kernel's end, so wait a little for it)."""
+        if self._setup is None:
+            return None
+        deadline = time.monotonic() + wait
+        while True:
+            report = self._setup.exit_report()
+            if report is not None or time.monotonic() > deadline:
+                return report
+            await asyncio.sleep(0.05)
 
     async def _exit_status(self):
         try:
@@ -180,7 +230,7 @@ class SandboxedExecute(Execute):
                 if problem is None:
                     continue
                 self._failed.add(index)
-                self._incident(index, cell, problem)
+                self._incident(index, cell, *problem)
                 ok, why = await self._restart_and_replay(index)
                 if not ok:
                     gave_up = why
@@ -188,9 +238,12 @@ class SandboxedExecute(Execute):
         finally:
             await self._stop()
 
-    def _incident(self, index, cell, text):
+    def _incident(self, index, cell, text, limit=None):
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        self.info["incidents"].append({"cell": index, "grade_id": gid, "what": text})
+        entry = {"cell": index, "grade_id": gid, "what": text}
+        if limit:
+            entry["limit"] = limit
+        self.info["incidents"].append(entry)
         self.log.warning("cell %s%s: %s", index, f" ({gid})" if gid else "", text)
 
     async def _run_cell(self, cell, index, entry):
@@ -205,13 +258,20 @@ class SandboxedExecute(Execute):
             cell.outputs.append(_error(
                 "CellTimeoutError", f"the cell ran past {self.timeout} s and did not stop when "
                                     "interrupted; the kernel was restarted"))
-            return f"timed out after {self.timeout} s and ignored the interrupt"
+            return (f"timed out after {self.timeout} s and ignored the interrupt; "
+                    f"time limit: {self.timeout} s per cell"), "time limit"
         except DeadKernelError:
             code = await self._exit_status()
             entry["died"] = True
+            report = await self._exit_report()
+            if report is not None:
+                code = report.get("status", code)
+            named = limits.from_exit(report, self._settings)
             what = f"the kernel died while running this cell (exit status {code})"
+            if named:
+                what += f"; {named[1]}"
             cell.outputs.append(_error("KernelDied", what + "; the kernel was restarted"))
-            return what
+            return what, named[0] if named else None
         finally:
             entry["seconds"] = round(time.monotonic() - started, 3)
             if self._dropped:
@@ -220,11 +280,23 @@ class SandboxedExecute(Execute):
                     output_type="stream", name="stdout",
                     text=f"\n[autograde: {self._dropped} bytes of output beyond "
                          f"{self._settings.output_limit_kb} KiB were dropped]\n"))
-                self._incident(index, cell, f"output limit: {self._dropped} bytes dropped")
+                self._incident(index, cell, f"output limit: {self._dropped} bytes dropped",
+                               "output limit")
         if self._timed_out:
             entry["timeout"] = True
             self._failed.add(index)
-            self._incident(index, cell, f"timed out after {self.timeout} s (interrupted)")
+            self._incident(index, cell, f"timed out after {self.timeout} s (interrupted); "
+                                        f"time limit: {self.timeout} s per cell", "time limit")
+        seen = set()
+        for out in cell.get("outputs", []):
+            if out.get("output_type") != "error" or out.get("ename") in ("CellTimeoutError",):
+                continue
+            named = limits.from_error(out.get("ename", ""), out.get("evalue", ""),
+                                      self._settings)
+            if named and named[0] not in seen:
+                seen.add(named[0])
+                entry.setdefault("limits", []).append(named[0])
+                self._incident(index, cell, named[1], named[0])
         return None
 
     async def _restart_and_replay(self, failed_index):

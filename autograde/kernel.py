@@ -7,11 +7,12 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from . import view
+from . import gpus, uids, view
 from .config import cores
 
 __all__ = ["SandboxKernelManager", "KernelSetup", "VIEW_PATH"]
@@ -69,17 +70,28 @@ def _remove_stale():
 
 
 class KernelSetup:
-    """Everything one grading kernel needs on the host: a private folder (spec and connection
+    """Everything one grading kernel needs on the host: a uid of its own from the host's pool
+    (:mod:`autograde.uids`, held until :meth:`cleanup`), a private folder (spec and connection
     file, root only), a socket folder (the kernel's uid while it starts, then closed)."""
 
     def __init__(self, *, mode, environment, settings, seed, worker=0, workers=1,
-                 assignment=None):
+                 assignment=None, course_root=None):
         self.mode = mode
         self.assignment = assignment or ""
         self.environment = environment
         self.settings = settings
         self.seed = seed
-        self.uid = settings.kernel_uid + worker
+        self.lease = None
+        if mode == "bwrap":
+            fallback = os.path.join(course_root or os.getcwd(), settings.status_directory,
+                                    ".uids")
+            self.lease = uids.acquire(settings.kernel_uid, settings.kernel_uid_count,
+                                      uids.pool_directory(fallback), prefer=worker)
+            self.uid = self.lease.uid
+            self.slot = self.uid - settings.kernel_uid
+        else:
+            self.uid = os.getuid()
+            self.slot = worker
         _remove_stale()
         self.private = tempfile.mkdtemp(prefix=f"autograde-{os.getpid()}-")
         self.sock_dir = tempfile.mkdtemp(prefix=f"ag-ipc-{os.getpid()}-")
@@ -91,6 +103,7 @@ class KernelSetup:
         self.spec_path = os.path.join(self.private, "sandbox.json")
         # the course packages as this lab's kernel may see them (never the whole packages)
         self.view = view.stage(self.assignment, os.path.join(self.private, "view"))
+        self.gpu = None
         self._write_spec(threads)
 
     def _write_spec(self, threads):
@@ -112,7 +125,8 @@ class KernelSetup:
             env["TRITON_INTERPRET"] = "1"
             env["CUDA_VISIBLE_DEVICES"] = ""
         else:
-            visible = s.gpu_devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            visible = gpus.for_kernel(self.slot, gpus.host_gpus(s.gpu_devices),
+                                      s.gpu_per_kernel)
             if visible:
                 env["CUDA_VISIBLE_DEVICES"] = visible
             for key in ("CUDA_HOME", "LD_LIBRARY_PATH", "TRITON_PTXAS_PATH"):
@@ -140,6 +154,8 @@ class KernelSetup:
                         for r in map(os.path.realpath, ro))]
         if env.get("TRITON_LIBCUDA_PATH"):
             ro.append(env["TRITON_LIBCUDA_PATH"])
+        if self.environment == "gpu":
+            self.gpu = env.get("CUDA_VISIBLE_DEVICES")
         limits = {"memory_mb": s.memory_mb if self.environment == "cpu" else 0,
                   "processes": s.processes, "cpu_seconds": s.cpu_seconds,
                   "file_mb": s.file_mb, "open_files": s.open_files}
@@ -170,9 +186,34 @@ class KernelSetup:
             os.chown(self.sock_dir, 0, 0)
             os.chmod(self.sock_dir, 0o700)
 
-    def cleanup(self):
+    def exit_report(self):
+        """What the launcher wrote when the kernel exited (status, signal, its first and last
+        output), or None while it runs."""
+        try:
+            with open(os.path.join(self.private, "exit.json")) as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return None
+
+    def cleanup(self, wait=False):
+        """Remove the folders; scrub the uid (processes, keyrings, files) and give it back.
+        The scrub runs beside the grader's next steps (the uid stays held until it is done;
+        if the grader exits first, whoever takes the uid next scrubs it before use)."""
         shutil.rmtree(self.private, ignore_errors=True)
         shutil.rmtree(self.sock_dir, ignore_errors=True)
+        lease, self.lease = self.lease, None
+        if lease is None:
+            return
+
+        def scrub_and_release():
+            try:
+                uids.scrub(lease.uid)
+            finally:
+                lease.release()
+        if wait:
+            scrub_and_release()
+        else:
+            threading.Thread(target=scrub_and_release, daemon=True).start()
 
 
 class SandboxKernelManager(AsyncKernelManager):

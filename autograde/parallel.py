@@ -8,7 +8,8 @@ the wall time differ.
 
 - Workers: at most the number of cores, and at most what memory allows (each kernel may use
   ``AutogradeSettings.memory_mb``, plus about 1 GiB for the grader process); ``--workers``
-  overrides.  Worker i runs its kernels as uid ``kernel_uid + i``.
+  overrides.  Every kernel runs as a uid that no other running kernel on the host has, from
+  a pool shared by every grading command on the host (:mod:`autograde.uids`).
 - The gradebook: with SQLite, gradebook writes are serialised by a lock file
   (:mod:`autograde.dblock`); notebooks run in parallel.
 - Several hosts: ``--shard i/n`` grades every n-th student starting at i, so that n hosts
@@ -24,6 +25,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 import time
 
 __all__ = ["grade_class", "plan", "default_workers"]
@@ -189,6 +191,14 @@ class _Progress:
         self.stream.flush()
 
 
+def _warm_similarity(root, config, settings, assignment):
+    try:
+        from . import similarity
+        similarity.class_flags(root, settings, _coursedir(config, root), assignment)
+    except Exception:                                   # noqa: BLE001  (the report retries)
+        pass
+
+
 def grade_class(root, assignment, workers=None, force=False, students=None, progress=True,
                 out=sys.stderr, shard=None, statuses=None):
     """Autograde every submission of ``assignment``; returns a summary dict."""
@@ -199,6 +209,16 @@ def grade_class(root, assignment, workers=None, force=False, students=None, prog
     sqlite = _coursedir(config, root).db_url.startswith("sqlite")
     todo, skipped = plan(root, assignment, force=force, students=students, shard=shard,
                          statuses=statuses)
+    if todo:
+        from .execute import sandbox_warning
+        try:
+            warning = sandbox_warning(settings)
+        except RuntimeError as exc:
+            raise SystemExit(f"autograde: {exc}") from None
+        if warning:
+            bar = "!" * 78
+            out.write(f"{bar}\n!! {warning}\n{bar}\n")
+            out.flush()
     log_dir = os.path.join(root, settings.status_directory, assignment, "logs")
     os.makedirs(log_dir, exist_ok=True)
     n = workers or default_workers(settings, len(todo))
@@ -211,6 +231,9 @@ def grade_class(root, assignment, workers=None, force=False, students=None, prog
     bar = _Progress(len(todo), n, out, enabled=progress)
     if todo:
         bar.update()
+        warm = threading.Thread(target=_warm_similarity, args=(root, config, settings,
+                                                               assignment), daemon=True)
+        warm.start()                 # parse the course's modules while the workers grade
         context = multiprocessing.get_context("spawn")
         counter = context.Value("i", 0)
         with context.Pool(n, initializer=_init_worker,
@@ -221,6 +244,7 @@ def grade_class(root, assignment, workers=None, force=False, students=None, prog
                 results.append({"student": student, "nbgrader_exit": code,
                                 "seconds": round(seconds, 3)})
                 bar.update(student, code)
+        warm.join()
     return {"assignment": assignment, "workers": n, "graded": results,
             "skipped": [s for s, _ in skipped],
             "seconds": round(time.monotonic() - started, 3)}

@@ -8,9 +8,15 @@ virtual environment, and the lab's staged view of the course's ``source_kernels`
 ``autograde`` packages, :mod:`autograde.view`, never the packages themselves) plus a copy
 of the submission folder on a size-limited private ``/tmp``; the course directory, the
 gradebook, the source notebooks and the other students' folders are simply not there.  Inside,
-``setpriv`` drops to a dedicated uid (``64123`` plus the worker number, so that the process
-limit counts one kernel's processes only) with no capabilities and ``no_new_privs``, and
-``prlimit`` caps address space, processes, CPU seconds, file size and open files.
+``setpriv`` drops to a uid that no other running kernel on the host has (taken from the host's
+pool, :mod:`autograde.uids`, so that the process limit and the keyrings are this kernel's
+only) with no capabilities and ``no_new_privs``, and ``prlimit`` caps address space,
+processes, CPU seconds, file size and open files.  The launcher joins a fresh session keyring
+before it starts bwrap, so a key the kernel adds there dies with it; when the kernel ends the
+grader scrubs its uid (processes, user keyrings, files in the host's /tmp and /dev/shm) before
+the uid goes back to the pool.  The launcher writes how the kernel ended (exit status, the
+first and last few kB of its output) to ``exit.json`` in the grader's private folder, from
+which the grader names a limit the kernel ran into.
 
 The kernel talks to the grader over ZeroMQ ``ipc`` sockets in a directory that the grader
 creates and closes once the kernel is up.  The kernel spec's command is ``python -m
@@ -197,9 +203,11 @@ def _die_with_parent():
         pass
 
 
-def _drain(stream, keep, sink):
-    """Read ``stream`` to its end, keeping the first ``keep`` bytes in ``sink``."""
+def _drain(stream, keep, sink, tail=None):
+    """Read ``stream`` to its end, keeping the first ``keep`` bytes in ``sink`` and the last
+    ``keep`` bytes in ``tail`` (a one-element list)."""
     kept = 0
+    last = b""
     while True:
         chunk = stream.read(65536)
         if not chunk:
@@ -207,6 +215,42 @@ def _drain(stream, keep, sink):
         if kept < keep:
             sink.append(chunk[:keep - kept])
             kept += len(chunk[:keep - kept])
+        if tail is not None:
+            last = (last + chunk)[-keep:]
+    if tail is not None:
+        tail.append(last)
+
+
+def _watch_cpu(uid, stop, seen, every=0.5):
+    """Keep in ``seen[0]`` the most CPU seconds any process of ``uid`` has used (the uid is
+    this kernel's alone, so that is the kernel's; RLIMIT_CPU counts per process)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    while not stop.wait(every):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid != uid:
+                    continue
+                with open(f"/proc/{name}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                seen[0] = max(seen[0], (int(fields[11]) + int(fields[12])) / tick)
+            except (OSError, ValueError, IndexError):
+                continue
+
+
+def _write_exit_report(spec_path, code, head, tail, cpu_seconds=None):
+    """exit.json beside the spec (the grader's private folder): how the kernel ended, read by
+    autograde.execute to name a limit the kernel ran into."""
+    report = {"status": code, "cpu_seconds": cpu_seconds, "head": head.decode(errors="replace"),
+              "tail": tail.decode(errors="replace")}
+    try:
+        path = os.path.join(os.path.dirname(os.path.abspath(spec_path)), "exit.json")
+        with open(path + ".tmp", "w") as fh:
+            json.dump(report, fh)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
 
 
 def launch(spec_path, connection_file, extra_args):
@@ -235,6 +279,8 @@ def launch(spec_path, connection_file, extra_args):
     os.write(pw_w, passwd)
     os.close(pw_w)
     command = build_command(spec, conn_r, pw_r)
+    from .uids import new_session_keyring
+    new_session_keyring()          # the kernel's session keyring is new, and dies with it
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, pass_fds=(conn_r, pw_r))
     os.close(conn_r)
@@ -246,11 +292,18 @@ def launch(spec_path, connection_file, extra_args):
         finally:
             os._exit(128 + signum)
     signal.signal(signal.SIGTERM, forward_term)
-    kept = []
-    reader = threading.Thread(target=_drain, args=(proc.stdout, _KEEP_OUTPUT, kept), daemon=True)
+    kept, tail = [], []
+    reader = threading.Thread(target=_drain, args=(proc.stdout, _KEEP_OUTPUT, kept, tail),
+                              daemon=True)
     reader.start()
+    stop, cpu = threading.Event(), [0.0]
+    watcher = threading.Thread(target=_watch_cpu, args=(uid, stop, cpu), daemon=True)
+    watcher.start()
     code = proc.wait()
+    stop.set()
     reader.join(timeout=2)
+    _write_exit_report(spec_path, code, b"".join(kept), tail[0] if tail else b"",
+                       round(cpu[0], 2))
     if code != 0:
         text = b"".join(kept).decode(errors="replace").strip()
         sys.stderr.write(f"[autograde sandbox] kernel exited with status {code}"

@@ -10,7 +10,8 @@ status ledger keeps what happened, one JSON file per submission under
 - ``problems``: why the submission could not be graded (invalid notebook, missing notebook,
   kernel that failed to start);
 - ``notebooks``: per notebook, the grading environment, the incidents (timeouts, kernel
-  restarts, dropped output) and the verdict of every graded cell.
+  restarts, dropped output, each limit the kernel ran into, named), the verdict of every
+  graded cell, and every kernel it ran (uid, host, start and end times).
 
 :func:`summarize` turns an entry into one status for reports and exports:
 
@@ -256,6 +257,7 @@ def _record_status_class():
             data = {"environment": info.get("environment"), "sandbox": info.get("sandbox"),
                     "timeout": info.get("timeout"), "incidents": incidents,
                     "verdicts": info.get("verdicts", {}),
+                    "kernels": info.get("kernels", []),
                     "cells": info.get("cells", {})}
             note_notebook(os.getcwd(), settings, nbg["assignment"], nbg["student"],
                           nbg["notebook"], data)

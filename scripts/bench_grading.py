@@ -12,6 +12,10 @@ same score, and writes the timings with their provenance.  Classes:
   through a correct, a partly wrong and an empty submission;
 - ``--lab NAME`` (a lab of this repository): N students cycling through the source notebook
   (full marks) and the untouched release (zero).
+
+``--compare-with CHECKOUT`` times only the parallel command on the fixture class, with the
+code of an earlier checkout and of this one, alternately and back to back, and keeps the
+result beside the other runs (key ``isolation_before_after``).
 """
 from __future__ import annotations
 
@@ -146,6 +150,88 @@ def provenance(argv):
                     "run's load average)"}
 
 
+def _commit(checkout):
+    proc = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
+                          text=True)
+    dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain",
+                            "--untracked-files=no"], capture_output=True, text=True).stdout
+    return proc.stdout.strip() + ("+uncommitted" if dirty.strip() else "")
+
+
+def grade_with(checkout, students, workers):
+    """Seconds of ``python -m autograde grade`` over the fixture class, with the grader and
+    the grading kernels importing the course packages from ``checkout`` (the kernel through
+    ``extra_python_paths``, the same way for every checkout); returns (seconds, scores)."""
+    checkout = Path(checkout).resolve()
+    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
+        course, assignment = _fixture_class(Path(tmp), students)
+        with open(course / "nbgrader_config.py", "a") as fh:
+            fh.write("\nc.AutogradeSettings.extra_python_paths = "
+                     f"list(c.AutogradeSettings.extra_python_paths) + [{str(checkout)!r}]\n")
+        env = _env()
+        env["PYTHONPATH"] = str(checkout)
+        cmd = [BIN / "python", "-m", "autograde", "grade", assignment, "--no-progress",
+               "--workers", str(workers)]
+        started = time.monotonic()
+        proc = subprocess.run([str(c) for c in cmd], cwd=course, env=env, capture_output=True,
+                              text=True)
+        seconds = time.monotonic() - started
+        if proc.returncode != 0:
+            raise SystemExit(f"{cmd} failed:\n{proc.stderr[-3000:]}")
+        scores = {}
+        for line in proc.stdout.splitlines():
+            parts = line.split()
+            if parts and parts[0].startswith("s0"):
+                scores[parts[0]] = parts[1]
+        return seconds, scores
+
+
+def compare(before, students, workers, repeats, argv, out):
+    """The parallel command over the fixture class with the code of ``before`` (an earlier
+    checkout) and of this checkout, alternately, ``repeats`` times each, back to back."""
+    rows = {"before": [], "after": []}
+    scores = {}
+    for _ in range(repeats):
+        for label, checkout in (("before", before), ("after", REPO)):
+            load = os.getloadavg()[0]
+            seconds, got = grade_with(checkout, students, workers)
+            scores.setdefault(label, got)
+            rows[label].append({"seconds": round(seconds, 2),
+                                "seconds_per_submission": round(seconds / students, 3),
+                                "load_average_1min_before": round(load, 2)})
+            print(f"{label}: {seconds / students:.3f} s/submission (load {load:.2f})")
+    summary = {}
+    for label, runs in rows.items():
+        per = sorted(r["seconds_per_submission"] for r in runs)
+        summary[label] = {"checkout_commit": _commit(before if label == "before" else REPO),
+                          "runs": runs, "median_seconds_per_submission": per[len(per) // 2]}
+    ratio = summary["after"]["median_seconds_per_submission"] / \
+        summary["before"]["median_seconds_per_submission"]
+    pairs = sorted(round(a["seconds"] / b["seconds"], 3)
+                   for b, a in zip(rows["before"], rows["after"]))
+    result = {"provenance": dict(provenance(argv), commit=_commit(REPO),
+                                 note="wall-clock seconds of the parallel command over the "
+                                      "fixture class; before and after measured back to back, "
+                                      "alternately, on the same shared machine (see the load "
+                                      "averages)"),
+              "class": {"assignment": "labfx", "submissions": students, "workers": workers,
+                        "kinds": "correct, partly_wrong, empty in turn"},
+              "command": f"python -m autograde grade labfx --no-progress --workers {workers}",
+              "before": summary["before"], "after": summary["after"],
+              "after_over_before": round(ratio, 3),
+              "after_over_before_by_pair": pairs,
+              "median_of_pair_ratios": pairs[len(pairs) // 2],
+              "same_scores": scores.get("before") == scores.get("after"),
+              "scores": scores.get("after")}
+    path = Path(out)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data["isolation_before_after"] = result
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"after/before: {ratio:.3f} (medians), by pair {pairs}; same scores: "
+          f"{result['same_scores']}")
+    return 0
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -154,7 +240,15 @@ def main(argv=None):
     parser.add_argument("--lab", action="append", default=[],
                         help="also measure a lab of the repository (repeatable)")
     parser.add_argument("--out", default=str(REPO / "results" / "grading_throughput.json"))
+    parser.add_argument("--compare-with", metavar="CHECKOUT", help=(
+        "only time the parallel command over the fixture class, with the code of CHECKOUT "
+        "(an earlier commit's worktree) and of this checkout, alternately; the result goes "
+        "to the key isolation_before_after of --out"))
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.compare_with:
+        return compare(args.compare_with, args.students, args.workers or 2, args.repeats, argv,
+                       args.out)
     runs = [measure("fixture", _fixture_class, args.students, args.workers)]
     for lab in args.lab:
         runs.append(measure(lab, lambda base, n, lab=lab: _lab_class(base, lab, n),

@@ -364,7 +364,8 @@ LAB01_CHEAT_AFTER = "bilinear_corner_weights, math.isclose = _right, _isclose"
 @pytest.mark.slow
 def test_a_real_lab_through_the_course_configuration(tmp_path):
     """lab01 with the repository's own nbgrader_config.py: the solution gets full marks under
-    the sandbox and the replay, the release gets 0, and a student who replaces
+    the sandbox and the replay (and is listed by the similarity check, being the solution),
+    the release gets 0, and a student who replaces
     ``math.isclose`` to pass a wrong stage loses that stage (visible and hidden) only."""
     _sandbox_or_skip()
     course = tmp_path / "course"
@@ -388,7 +389,12 @@ def test_a_real_lab_through_the_course_configuration(tmp_path):
           "--no-progress"], cwd=course, timeout=1200)
     from autograde.cli import report_rows
     rows = {r["student_id"]: r for r in report_rows(str(course), LAB01)}
-    assert (float(rows["solution"]["score"]), rows["solution"]["status"]) == (10.0, "graded")
+    # the source notebook handed in as a submission is the lab's solution: full marks, and the
+    # similarity check lists it for review (autograde/similarity.py)
+    assert (float(rows["solution"]["score"]), rows["solution"]["status"]) == \
+        (10.0, "needs_review")
+    assert "similarity check: lab01_the_spec/lab01_msda_naive: similarity 100 % to the lab's " \
+           "solution" in rows["solution"]["reasons"]
     assert (float(rows["untouched"]["score"]), rows["untouched"]["status"]) == (0.0, "graded")
     assert (float(rows["cheater"]["score"]), rows["cheater"]["status"]) == (7.0, "needs_review")
     assert "lab01_hidden_corner_weights: needs review (the kernel reported a pass, the " \
