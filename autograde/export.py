@@ -49,7 +49,8 @@ def rows(gradebook, root, settings, assignments=(), students=()):
                 by_hand = sorted(g.name for nb in submission.notebooks for g in nb.grades
                                  if g.needs_manual_grade and g.name not in decided)
                 if by_hand and state not in ("ungradable", "not_graded"):
-                    reasons = reasons + [f"to grade by hand: {', '.join(by_hand)}"]
+                    reasons = reasons + ["pending hand-grading (not in the score yet): "
+                                         + ", ".join(by_hand)]
                 penalty = submission.late_submission_penalty or 0.0
                 raw = submission.score
                 row.update(timestamp=submission.timestamp or "",

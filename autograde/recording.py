@@ -57,6 +57,14 @@ def replaying() -> bool:
     return _mode == "replay"
 
 
+def note_verdict_here() -> None:
+    """A check asks whether it judges (``checks.common.judging``): in the grading kernel it
+    does not, so its comparisons run only here, in the grader's replay.  A failure of such a
+    replay is the student's wrong answer, not a kernel whose pass the grader contradicts."""
+    if _mode == "replay" and _replay is not None:
+        _replay.judged_only_here = True
+
+
 def derive_seed(base: str, k: int) -> int:
     """The k-th hidden-check seed of a grading run: 31 bits of sha256(base:k)."""
     digest = hashlib.sha256(f"{base}:{int(k)}".encode()).digest()
@@ -436,6 +444,7 @@ class ReplayContext:
         self.counters = []
         self.last_k = {}
         self.allowed = set()
+        self.judged_only_here = False   # the check deferred its comparisons to the replay
 
     def next_seed(self, module):
         queue = self.seeds.get(module)

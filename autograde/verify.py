@@ -499,6 +499,12 @@ class VerifyChecks(NbGraderPreprocessor):
                 return {"verdict": "needs_review", "ename": "VerificationFailed",
                         "message": f"the grader could not replay {function}: {exc}"}
             except AssertionError as exc:
+                if context.judged_only_here:
+                    # the check compares only here: this is its verdict on a wrong answer,
+                    # with the check's own diagnosis as the message the student reads
+                    return {"verdict": "fail", "ename": "AssertionError",
+                            "message": "\n".join(str(exc).strip().splitlines()[:20])[:3000]
+                            or "the check failed"}
                 return {"verdict": "needs_review", "ename": "VerificationFailed",
                         "message": "the kernel reported a pass, the grader's replay failed: "
                                    + _first_lines(exc)}

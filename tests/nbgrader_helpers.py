@@ -49,6 +49,28 @@ def nbgrader_env() -> dict:
     return env
 
 
+def run_checked(args, cwd, *, env=None, timeout=600, check=True) -> subprocess.CompletedProcess:
+    """Run ``args`` in ``cwd``; with ``check``, raise with the output's tail when it fails."""
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env or nbgrader_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-4000:]}")
+    return proc
+
+
+def synthetic_class_generator():
+    """``scripts/make_synthetic_class.py`` as a module (it is a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "make_synthetic_class", Path(__file__).resolve().parents[1] / "scripts"
+        / "make_synthetic_class.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def source_notebook(lab: str) -> Path:
     """assignments/<lab>/<lab>.ipynb in the repository."""
     return ASSIGNMENTS / lab / f"{lab}.ipynb"

@@ -14,7 +14,6 @@ more of the lab to review; the honest solution gets full marks.  Graded with ``p
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import nbformat
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import require_grading_sandbox  # noqa: E402
 from nbgrader_helpers import make_course, run_nbgrader  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,10 +247,7 @@ TARGETS = {
 
 
 def _sandbox_or_skip():
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed: apt-get install bubblewrap")
-    if os.geteuid() != 0:
-        pytest.skip("the grading sandbox switches the kernel's uid, which needs root")
+    require_grading_sandbox()
 
 
 @pytest.fixture(scope="module")
@@ -288,8 +285,17 @@ def reports(tmp_path_factory):
 
 @pytest.mark.parametrize("lab", list(TARGETS))
 def test_honest_solution_scores_full_marks(reports, lab):
+    """The honest control is the lab's own solution, handed in as it is: it scores full marks,
+    and nothing in the kernel or the replay flags it.  The similarity check does list it (it
+    is the solution, word for word), and that is its only reason for review."""
     row = reports[lab]["honest"]
-    assert (float(row["score"]), row["status"]) == (TARGETS[lab][2], "graded"), row["reasons"]
+    assert float(row["score"]) == TARGETS[lab][2], (row["status"], row["reasons"])
+    reasons = [r.strip() for r in row["reasons"].split("; ") if r.strip()]
+    others = [r for r in reasons if not r.startswith(("similarity check:",
+                                                      "pending hand-grading"))]
+    assert not others, others
+    assert "to the lab's solution" in row["reasons"], row["reasons"]
+    assert row["status"] == "needs_review", row
 
 
 @pytest.mark.parametrize("lab,cheat", [(lab, c) for lab, t in TARGETS.items() for c in t[1]])

@@ -20,8 +20,11 @@ her feedback.
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -140,6 +143,23 @@ def _formgrader_feedback(course):
     api = NbGraderAPI(CourseDirectory(config=config), config=config)
     result = api.generate_feedback(LAB, STUDENT, force=True)
     assert result["success"], result.get("error", "") + result.get("log", "")
+
+
+@pytest.mark.slow
+def test_report_lists_pending_answers_before_they_are_graded(course):
+    """`python -m autograde report` (the rows the export writes too) names the written answers
+    that wait for a person, and the score it gives holds none of their points.  This test runs
+    before the one below sets manual scores."""
+    proc = subprocess.run([sys.executable, "-m", "autograde", "report", LAB, "--json",
+                           "report.json"], cwd=course["course"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((course["course"] / "report.json").read_text())
+    row = next(r for r in rows if r["student_id"] == STUDENT)
+    assert "pending hand-grading (not in the score yet): " in row["reasons"], row
+    for grade_id in PENDING:
+        assert grade_id in row["reasons"], (grade_id, row["reasons"])
+    assert float(row["score"]) == course["scores"]["total"][0]
 
 
 @pytest.mark.slow

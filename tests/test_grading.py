@@ -19,7 +19,6 @@ bubblewrap where it can).
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import shutil
@@ -34,7 +33,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import require_system_package
+from conftest import require_grading_sandbox
+from nbgrader_helpers import run_checked, synthetic_class_generator
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "course"
@@ -92,10 +92,7 @@ KERNEL_ERRORS = {
 
 
 def _sandbox_or_skip():
-    if os.geteuid() != 0:
-        pytest.skip("the grading sandbox switches the kernel to another uid, which needs root "
-                    "(to run this test: sudo make test)")
-    require_system_package("bubblewrap")
+    require_grading_sandbox()
 
 
 def _env():
@@ -105,12 +102,7 @@ def _env():
 
 
 def _run(args, cwd, timeout=900, check=True):
-    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
-                             f"{proc.stderr[-4000:]}")
-    return proc
+    return run_checked(args, cwd, env=_env(), timeout=timeout, check=check)
 
 
 def _nbgrader(*args, cwd, timeout=900, check=True):
@@ -118,11 +110,7 @@ def _nbgrader(*args, cwd, timeout=900, check=True):
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location(
-        "make_synthetic_class", REPO / "scripts" / "make_synthetic_class.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return synthetic_class_generator()
 
 
 def _report(course):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import copy
 import csv
-import importlib.util
 import inspect
 import json
 import os
@@ -32,6 +31,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import require_grading_sandbox
+from nbgrader_helpers import run_checked, synthetic_class_generator
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "course"
@@ -41,10 +42,7 @@ CORRECT_SCORE = 8.0            # labfx out of 9; the GPU-only check waits for a 
 
 
 def _sandbox_or_skip():
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed: apt-get install bubblewrap")
-    if os.geteuid() != 0:
-        pytest.skip("the grading sandbox switches uids: run the tests as root")
+    require_grading_sandbox()
 
 
 def _env():
@@ -57,20 +55,11 @@ def _env():
 
 
 def _run(args, cwd, timeout=600, check=True):
-    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
-                             f"{proc.stderr[-4000:]}")
-    return proc
+    return run_checked(args, cwd, env=_env(), timeout=timeout, check=check)
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location(
-        "make_synthetic_class", REPO / "scripts" / "make_synthetic_class.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return synthetic_class_generator()
 
 
 @pytest.fixture(scope="module")
@@ -227,13 +216,15 @@ def _renamed(function, prefix):
 @pytest.fixture(scope="module")
 def two_commands(released, tmp_path_factory):
     _sandbox_or_skip()
+    from source_kernels import reference
     from source_kernels.chips import lab02
     _, b = released
     base = tmp_path_factory.mktemp("two")
     pasted = b.all_correct(b.fresh())
+    # the chip pasted with what it calls (the grading kernel cannot import the reference)
     b.answer(pasted, "corner_weights_solution",
-             "import math\nimport torch\nfrom source_kernels.reference import pixel_coordinate"
-             "\n\n\n" + _renamed(lab02.msda_flat, "t") + "\n\n\n" +
+             "import math\nimport torch\n\n\n" + inspect.getsource(reference.pixel_coordinate)
+             + "\n\n" + _renamed(lab02.msda_flat, "t") + "\n\n\n" +
              b.correct["corner_weights_solution"])
     twins = []
     for text in (TWIN_1, TWIN_2):

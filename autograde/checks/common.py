@@ -34,6 +34,7 @@ ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing")
 def judging() -> bool:
     """False inside the grading kernel, where a check only runs the student's functions
     and records what they return; the grader's replay judges."""
+    recording.note_verdict_here()
     return not recording.recording()
 
 
