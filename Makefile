@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup book test clean
+.PHONY: setup book test clean hub hub-stop
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,3 +26,14 @@ test: $(STAMP)
 
 clean:
 	rm -rf _build release submitted autograded feedback autograde_status
+
+# The course on a JupyterHub on this machine (root: every user's server runs as a system
+# account of its own), on http://127.0.0.1:8000/ until Ctrl-C or `make hub-stop`.
+# book/hub.md is the instructor's guide.
+HUB_STATE ?= /srv/msda-hub
+hub: $(STAMP)
+	$(BIN)/python scripts/hub/hub.py setup --state $(HUB_STATE)
+	$(BIN)/python scripts/hub/hub.py start --state $(HUB_STATE)
+
+hub-stop:
+	$(BIN)/python scripts/hub/hub.py stop --state $(HUB_STATE)
