@@ -317,6 +317,7 @@ def hub_command(state: Path) -> tuple[list, dict]:
     env["MSDA_HUB_STATE"] = str(state)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.pop("JUPYTER_CONFIG_DIR", None)
+    env.pop("PYTHONPATH", None)      # the servers use the environment's install of the course
     return [str(VENV_BIN / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")], env
 
 
@@ -388,7 +389,9 @@ def grade(state: Path, lab: str, extra=()) -> int:
     conf = settings(state)
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = str(REPO)
+    # the course's packages from the environment's install, as in every user's server: the
+    # sandbox shows a kernel the folders the grader imported them from, nothing else
+    env.pop("PYTHONPATH", None)
     proc = subprocess.run([str(VENV_BIN / "python"), "-m", "autograde", "grade", lab,
                            "--root", conf["course"], "--no-progress", *extra],
                           cwd=conf["course"], env=env)

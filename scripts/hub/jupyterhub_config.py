@@ -64,8 +64,8 @@ c.Spawner.http_timeout = 180
 c.Spawner.ip = HOST
 c.Spawner.environment = {
     "PATH": f"{SETTINGS['venv_bin']}:/usr/local/bin:/usr/bin:/bin",
-    # the course's packages (source_kernels for the labs, autograde for the instructor)
-    "PYTHONPATH": SETTINGS["repo"],
+    # the course's packages (source_kernels for the labs, autograde for the checks and the
+    # instructor) come from the environment's install (pip install -e . in make setup)
     "MPLBACKEND": "module://matplotlib_inline.backend_inline",
 }
 
