@@ -227,7 +227,8 @@ def running_hub(students=("a", "b"), tag="hub"):
     port = free_port()
     state = base / "state"
     module.setup(state, instructor, accounts, port=port, hub_port=free_port(),
-                 proxy_api_port=free_port(), labs=[LAB])
+                 proxy_api_port=free_port(), labs=[LAB],
+                 group=f"{prefix}-hub", kernel_uid=64400 + (os.getpid() % 250) * 4)
     hub = Hub(state, instructor, accounts, port)
     try:
         hub.start()

@@ -27,6 +27,7 @@ own.
 from __future__ import annotations
 
 import argparse
+import grp
 import json
 import os
 import pwd
@@ -84,11 +85,21 @@ def user_exists(name: str) -> bool:
         return False
 
 
-def create_account(name: str):
-    """A locked system account without a shell, with a 0700 home folder."""
+def group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def create_account(name: str, group: str):
+    """A locked system account without a shell, with a 0700 home folder, in ``group``."""
     if not user_exists(name):
-        subprocess.run(["useradd", "--create-home", "--user-group", "--shell",
-                        "/usr/sbin/nologin", name], check=True)
+        subprocess.run(["useradd", "--create-home", "--user-group", "--groups", group,
+                        "--shell", "/usr/sbin/nologin", name], check=True)
+    elif name not in grp.getgrnam(group).gr_mem:
+        subprocess.run(["usermod", "--append", "--groups", group, name], check=True)
     home = Path(pwd.getpwnam(name).pw_dir)
     home.mkdir(exist_ok=True)
     os.chown(home, pwd.getpwnam(name).pw_uid, pwd.getpwnam(name).pw_gid)
@@ -109,24 +120,24 @@ def software_paths() -> list[Path]:
     return [VENV_BIN, Path(os.path.realpath(VENV_BIN / "python")).parent, REPO, HERE]
 
 
-def grant_traversal(name: str) -> list[str]:
-    """Let account ``name`` enter (not list) the folders above the Python environment that
-    others may not enter, with a POSIX ACL entry ``u:NAME:--x`` each.  An environment
-    installed where everyone can read it (/opt, /usr/local) needs none; one under root's
-    home (a pyenv build, say) does."""
+def grant_traversal(group: str) -> list[str]:
+    """Let the hub's accounts (members of ``group``) enter, not list, the folders above the
+    Python environment that others may not enter: one POSIX ACL entry ``g:GROUP:--x`` per
+    folder.  An environment installed where everyone can read it (/opt, /usr/local) needs
+    none; one under root's home (a pyenv build, say) does."""
     folders = sorted({str(f) for p in software_paths() for f in _blocked_ancestors(p)})
     if folders and shutil.which("setfacl") is None:
         raise SystemExit(f"the Python environment lies under {folders[0]}, which the hub's "
                          "accounts cannot enter: install the acl package "
                          "(apt-get install acl) or the environment under /opt")
     for folder in folders:
-        subprocess.run(["setfacl", "-m", f"u:{name}:--x", folder], check=True)
+        subprocess.run(["setfacl", "-m", f"g:{group}:--x", folder], check=True)
     return folders
 
 
-def revoke_traversal(name: str, folders: list[str]):
+def revoke_traversal(group: str, folders: list[str]):
     for folder in folders:
-        subprocess.run(["setfacl", "-x", f"u:{name}", folder], check=False,
+        subprocess.run(["setfacl", "-x", f"g:{group}", folder], check=False,
                        stderr=subprocess.DEVNULL)
 
 
@@ -143,7 +154,7 @@ def settings(state: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------- setup
-def course_config(state: Path) -> str:
+def course_config(state: Path, kernel_uid: int) -> str:
     """The course's nbgrader_config.py with the hub's paths: the repository's config, then
     the course root, the exchange, and a grading step that refuses to run unsandboxed."""
     text = (REPO / "nbgrader_config.py").read_text()
@@ -155,7 +166,12 @@ c.Exchange.root = {str(state / 'exchange')!r}
 # formgrader's Autograde button, run as the instructor's account, refuses instead of
 # grading without the sandbox
 c.AutogradeSettings.require_sandbox = True
-c.AutogradeSettings.environment = "cpu"
+# the grading kernels' uids (worker i: kernel_uid + i), apart from any other course graded
+# on this host: a grading run stops whatever runs as its kernels' uids when it ends
+c.AutogradeSettings.kernel_uid = {kernel_uid}
+# a submission after the due date scores 0 (nbgrader's late penalties: "none" keeps the
+# score; a LateSubmissionPlugin subclass can take off points per hour instead)
+c.LateSubmissionPlugin.penalty_method = "zero"
 """
 
 
@@ -175,19 +191,26 @@ def role_config(state: Path, role: str, instructor: str):
                     for p in ("formgrader", "course-list", "create-assignment")}
         server_ext = {"nbgrader.server_extensions.formgrader": False,
                       "nbgrader.server_extensions.course_list": False}
+    # no server asks the internet for news or updates
+    disabled["@jupyterlab/apputils-extension:announcements"] = True
     (folder / "nbgrader_config.py").write_text("\n".join(lines) + "\n")
     (folder / "labconfig" / "page_config.json").write_text(
         json.dumps({"disabledExtensions": disabled}, indent=1) + "\n")
-    (folder / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": server_ext}}, indent=1) + "\n")
+    (folder / "jupyter_server_config.json").write_text(json.dumps(
+        {"ServerApp": {"jpserver_extensions": server_ext},
+         "LabApp": {"news_url": None,
+                    "check_for_updates_class": "jupyterlab.NeverCheckForUpdate"}},
+        indent=1) + "\n")
     for path in [folder, *folder.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def setup(state: Path, instructor: str, students: list[str], port=8000, hub_port=8081,
-          proxy_api_port=8001, labs=None, passwords: dict | None = None) -> dict:
+          proxy_api_port=8001, labs=None, passwords: dict | None = None,
+          logins: bool = True, group: str = "msda-hub", kernel_uid: int = 64300) -> dict:
     """Create (or refresh) everything the hub needs; returns {user: password} for accounts
-    whose password was generated or given now."""
+    whose password was generated or given now.  ``logins=False`` gives no account a
+    password (a class that only uses the exchange, as scripts/hub/scale.py does)."""
     require_root()
     install_proxy()
     state.mkdir(parents=True, exist_ok=True)
@@ -198,19 +221,24 @@ def setup(state: Path, instructor: str, students: list[str], port=8000, hub_port
     accounts = [instructor, *students]
     known = settings(state) if (state / "settings.json").exists() else {}
     created = list(known.get("created_accounts", []))
+    group = known.get("group") or group
+    if not group_exists(group):
+        subprocess.run(["groupadd", group], check=True)
+        created_group = True
+    else:
+        created_group = known.get("created_group", False)
     for name in accounts:
         if not user_exists(name):
             created.append(name)
-        create_account(name)
-    granted = sorted(set(known.get("acl_folders", [])) |
-                     {f for name in accounts for f in grant_traversal(name)})
+        create_account(name, group)
+    granted = sorted(set(known.get("acl_folders", [])) | set(grant_traversal(group)))
 
     conf = {"instructor": instructor, "students": students, "port": port,
             "hub_port": hub_port, "proxy_api_port": proxy_api_port,
             "course": str(state / "course"), "exchange": str(state / "exchange"),
             "repo": str(REPO), "venv_bin": str(VENV_BIN), "course_id": COURSE_ID,
             "created_accounts": sorted(set(created)), "acl_folders": granted,
-            "acl_accounts": sorted(set(known.get("acl_accounts", [])) | set(accounts))}
+            "group": group, "created_group": created_group}
     (state / "settings.json").write_text(json.dumps(conf, indent=1) + "\n")
 
     if not (state / "secrets.json").exists():
@@ -219,13 +247,13 @@ def setup(state: Path, instructor: str, students: list[str], port=8000, hub_port
     hashes = json.loads((state / "accounts.json").read_text()) \
         if (state / "accounts.json").exists() else {}
     new = {}
-    for name in accounts:
+    for name in (accounts if logins else []):
         if passwords and name in passwords:
             new[name] = passwords[name]
         elif name not in hashes:
             new[name] = secrets.token_urlsafe(12)
     hashes.update({name: hash_password(pw) for name, pw in new.items()})
-    hashes = {name: h for name, h in hashes.items() if name in accounts}
+    hashes = {name: h for name, h in hashes.items() if name in accounts and logins}
     _write_private(state / "accounts.json", json.dumps(hashes, indent=1))
     if new:
         old = (state / "passwords.txt").read_text() if (state / "passwords.txt").exists() else ""
@@ -238,7 +266,7 @@ def setup(state: Path, instructor: str, students: list[str], port=8000, hub_port
     exchange.chmod(0o777)                 # nbgrader's exchange: every account writes to it
     course = state / "course"
     (course / "assignments").mkdir(parents=True, exist_ok=True)
-    (course / "nbgrader_config.py").write_text(course_config(state))
+    (course / "nbgrader_config.py").write_text(course_config(state, kernel_uid))
     for lab in labs or sorted(p.name for p in (REPO / "assignments").iterdir() if p.is_dir()):
         target = course / "assignments" / lab
         if not target.exists():
@@ -403,14 +431,16 @@ def remove_users(state: Path):
     """Delete the system accounts that setup created (and their home folders)."""
     require_root()
     conf = settings(state)
-    for name in conf.get("acl_accounts", []):
-        revoke_traversal(name, conf.get("acl_folders", []))
+    if conf.get("group"):
+        revoke_traversal(conf["group"], conf.get("acl_folders", []))
     for name in conf.get("created_accounts", []):
         if user_exists(name):
             subprocess.run(["userdel", "--remove", name], check=False,
                            stderr=subprocess.DEVNULL)
+    if conf.get("created_group") and group_exists(conf["group"]):
+        subprocess.run(["groupdel", conf["group"]], check=False, stderr=subprocess.DEVNULL)
     conf["created_accounts"] = []
-    conf["acl_accounts"] = []
+    conf["created_group"] = False
     (state / "settings.json").write_text(json.dumps(conf, indent=1) + "\n")
 
 
