@@ -224,15 +224,18 @@ def test_class_on_the_hub(hub):
 
     # the feedback pages: the score, the checks' results, no hidden test code
     source = nbformat.read(nbh.source_notebook(LAB), as_version=4)
+    public = set().union(*(nbh._public_lines(cell.source) for cell in source.cells))
     hidden_lines = [line.strip() for cell in source.cells
-                    for line in nbh._regions(cell.source, nbh.BEGIN_HIDDEN, nbh.END_HIDDEN)]
-    assert hidden_lines
+                    for line in nbh._regions(cell.source, nbh.BEGIN_HIDDEN, nbh.END_HIDDEN)
+                    if line.strip() not in public]
+    assert len(hidden_lines) >= 3, hidden_lines
     for user, score in ((correct, "10.0 / 10.0"), (mistake, "6.0 / 10.0")):
         text = feedback[user]
         assert f"Score: {score}" in text, text[:1500]
         assert "(hidden tests: not shown)" in text
+        shown = {line.strip() for line in text.splitlines()}
         for line in hidden_lines:
-            assert line not in text, f"{user}'s feedback shows hidden code: {line}"
+            assert line not in shown, f"{user}'s feedback shows hidden code: {line}"
     # the visible check and the hidden check of msda_naive failed for the mistake, by name
     assert re.search(r"lab01_check_msda_naive.*?Score: 0\.0 / 1\.0", feedback[mistake], re.S)
     assert re.search(r"lab01_hidden_msda_naive.*?Score: 0\.0 / 3\.0", feedback[mistake], re.S)
