@@ -6,8 +6,9 @@ One hub (scripts/hub/hub.py), an instructor and three students, lab 01 released:
   submission is the later one, the earlier stays in the exchange and in the student's list;
 - the instructor then sets the due date (the formgrader's edit dialog:
   ``PUT formgrader/api/assignment/<lab>``), and ``late`` submits the right answer after it:
-  nbgrader's late penalty as the hub's course configures it (``penalty_method = "zero"``)
-  gives 0 points, and the gradebook records how late it was;
+  nbgrader's late penalty as the hub's course configures it (``penalty_method = "zero"``):
+  the raw score stays 10, the penalty is 10, the score 0, and the gradebook records how
+  late it was;
 - ``deleted`` deletes the fetched notebook and submits the empty folder: the report says
   "ungradable" and why, with no score (not a silent 0).
 
@@ -59,11 +60,14 @@ def test_resubmission_late_submission_and_deleted_notebook():
         later = max(s["timestamp"] for s in history)
 
         # the due date passes, then a right answer arrives
-        due = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        due = (now + datetime.timedelta(seconds=1)).replace(microsecond=0)   # whole seconds
         instructor.call("PUT", f"formgrader/api/assignment/{LAB}",
                         body={"duedate_notimezone": due.strftime("%Y-%m-%dT%H:%M:%S"),
                               "duedate_timezone": "+0000"})
-        time.sleep(1.1)
+        while datetime.datetime.now(datetime.timezone.utc) < due + datetime.timedelta(
+                seconds=0.5):
+            time.sleep(0.1)
         student = hub.user(late)
         student.fetch()
         student.save_notebook(notebook, hh.solved(release))
@@ -84,13 +88,16 @@ def test_resubmission_late_submission_and_deleted_notebook():
         collected = (hub.course / "submitted" / twice / LAB / "timestamp.txt").read_text()
         assert collected.strip() == later.strip(), (collected, later)
         assert rows[twice]["status"] == "graded", rows[twice]
-        assert float(rows[twice]["score"]) == 10.0, rows[twice]
+        assert float(rows[twice]["score"]) == 10.0, (rows[twice], _gradebook_submission(
+            hub, twice))
         assert len([p for p in inbound.iterdir() if p.name.startswith(f"{twice}+")]) == 2
 
         # the late one: right answers, zero points, and how late it was on record
         book = _gradebook_submission(hub, late)
         assert book["seconds_late"] > 0, book
-        assert book["late_penalty"] == 10.0 and book["score"] == 0.0, book
+        assert book["score"] == 10.0 and book["late_penalty"] == 10.0, book   # raw, penalty
+        assert float(rows[late]["raw_score"]) == 10.0, rows[late]
+        assert float(rows[late]["late_submission_penalty"]) == 10.0, rows[late]
         assert float(rows[late]["score"]) == 0.0, rows[late]
         assert _gradebook_submission(hub, twice)["seconds_late"] == 0
 
