@@ -299,3 +299,10 @@ def values_of(tree, key: str) -> list:
         for v in tree:
             found += values_of(v, key)
     return found
+
+
+def review_reasons(reasons: str) -> list[str]:
+    """The report's reasons less the similarity check's (a synthetic student who submits the
+    source notebook's solution is, rightly, 100 % similar to it and to the others)."""
+    return [r for r in (reasons or "").split("; ")
+            if r and not r.startswith("similarity check")]
