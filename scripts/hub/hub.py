@@ -166,8 +166,7 @@ c.Exchange.root = {str(state / 'exchange')!r}
 # formgrader's Autograde button, run as the instructor's account, refuses instead of
 # grading without the sandbox
 c.AutogradeSettings.require_sandbox = True
-# the grading kernels' uids (worker i: kernel_uid + i), apart from any other course graded
-# on this host: a grading run stops whatever runs as its kernels' uids when it ends
+# where the grading kernels' uids start, apart from other courses graded on this host
 c.AutogradeSettings.kernel_uid = {kernel_uid}
 # a submission after the due date scores 0 (nbgrader's late penalties: "none" keeps the
 # score; a LateSubmissionPlugin subclass can take off points per hour instead)
