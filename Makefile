@@ -9,10 +9,11 @@ RUN    := PATH="$(abspath $(BIN)):$$PATH"
 # System packages some tests use, installed by `make test` where it can (root and apt-get):
 #   bubblewrap  the grading sandbox (tests/test_grading.py runs student code under bwrap)
 #   chromium    the browser tests (tests/test_browser.py, tests/test_jupyterlab.py)
+#   acl         the course hub's test (tests/test_hub.py): other accounts reach the environment
 # Elsewhere the tests that need one skip, naming the command that installs it.
-SYSTEM_PACKAGES := bubblewrap:bwrap chromium:chromium
+SYSTEM_PACKAGES := bubblewrap:bwrap chromium:chromium acl:setfacl
 
-.PHONY: setup system-packages book test lab clean
+.PHONY: setup system-packages book test lab clean hub hub-stop
 
 $(STAMP): requirements.txt pyproject.toml scripts/ipython_kernel_config.py
 	$(PYTHON) -m venv $(VENV)
@@ -68,3 +69,14 @@ endif
 
 clean:
 	rm -rf _build release submitted autograded feedback autograde_status
+
+# The course on a JupyterHub on this machine (root: every user's server runs as a system
+# account of its own), on http://127.0.0.1:8000/ until Ctrl-C or `make hub-stop`.
+# book/hub.md is the instructor's guide.
+HUB_STATE ?= /srv/msda-hub
+hub: $(STAMP)
+	$(BIN)/python scripts/hub/hub.py setup --state $(HUB_STATE)
+	$(BIN)/python scripts/hub/hub.py start --state $(HUB_STATE)
+
+hub-stop:
+	$(BIN)/python scripts/hub/hub.py stop --state $(HUB_STATE)

@@ -1,0 +1,476 @@
+"""The course on a JupyterHub on one machine: set up, run, stop.
+
+    sudo python scripts/hub/hub.py setup [--state DIR] [--instructor NAME] [--students a,b,c]
+    sudo python scripts/hub/hub.py start [--state DIR]      # foreground; Ctrl-C stops it
+    sudo python scripts/hub/hub.py stop  [--state DIR]      # from another terminal
+    sudo python scripts/hub/hub.py grade LAB [--state DIR] # the sandboxed grading step
+    sudo python scripts/hub/hub.py remove-users [--state DIR]
+
+``make hub`` runs setup then start; ``make hub-stop`` runs stop.  The state folder (default
+/srv/msda-hub, or $MSDA_HUB_STATE) holds:
+
+  settings.json    ports, accounts, paths (what jupyterhub_config.py reads)
+  secrets.json     cookie secret and proxy token (0600, root)
+  accounts.json    the accounts' password hashes (0600, root)
+  passwords.txt    the generated passwords, to hand out (0600, root)
+  course/          the course directory (the instructor's; nbgrader_config.py, assignments/)
+  exchange/        nbgrader's exchange (release, submit, collect, feedback)
+  config/student/  nbgrader and JupyterLab settings of the students' servers
+  config/instructor/  the same for the instructor's server
+  hub/             JupyterHub's database, pid files and log
+
+Every account is a system account (``useradd``), locked and without a shell; the hub starts
+each user's JupyterLab as that account (``LocalProcessSpawner``) in a home folder of mode
+0700.  This needs root; so does grading, whose sandbox gives each grading kernel a uid of its
+own.
+"""
+from __future__ import annotations
+
+import argparse
+import grp
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+VENV_BIN = Path(sys.executable).parent
+DEFAULT_STATE = Path(os.environ.get("MSDA_HUB_STATE", "/srv/msda-hub"))
+COURSE_ID = "msda-triton"
+CHP = HERE / "node_modules" / ".bin" / "configurable-http-proxy"
+
+sys.path.insert(0, str(HERE))
+from hub_auth import hash_password  # noqa: E402
+
+
+# ---------------------------------------------------------------------------- helpers
+def require_root():
+    if os.geteuid() != 0:
+        raise SystemExit("the course hub runs each user's server as that user's own system "
+                         "account and grades in a sandbox: run it as root (sudo make hub)")
+
+
+def install_proxy() -> Path:
+    """configurable-http-proxy from npm, into scripts/hub/node_modules (once)."""
+    if not CHP.exists():
+        if shutil.which("npm") is None:
+            raise SystemExit("npm is not installed (Node 20 or later: apt-get install nodejs "
+                             "npm); JupyterHub needs it for configurable-http-proxy")
+        subprocess.run(["npm", "ci" if (HERE / "package-lock.json").exists() else "install",
+                        "--no-audit", "--no-fund"], cwd=HERE, check=True)
+    return CHP
+
+
+def _write_private(path: Path, text: str):
+    """Write a file that only root may read (0600 from the start)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)
+
+
+def user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def create_account(name: str, group: str):
+    """A locked system account without a shell, with a 0700 home folder, in ``group``."""
+    if not user_exists(name):
+        subprocess.run(["useradd", "--create-home", "--user-group", "--groups", group,
+                        "--shell", "/usr/sbin/nologin", name], check=True)
+    elif name not in grp.getgrnam(group).gr_mem:
+        subprocess.run(["usermod", "--append", "--groups", group, name], check=True)
+    home = Path(pwd.getpwnam(name).pw_dir)
+    home.mkdir(exist_ok=True)
+    os.chown(home, pwd.getpwnam(name).pw_uid, pwd.getpwnam(name).pw_gid)
+    home.chmod(0o700)
+
+
+def _blocked_ancestors(path: Path) -> list[Path]:
+    """Folders above ``path`` that an account outside their owner and group cannot enter."""
+    blocked = []
+    for folder in reversed(path.parents):
+        if not os.stat(folder).st_mode & 0o001:
+            blocked.append(folder)
+    return blocked
+
+
+def software_paths() -> list[Path]:
+    """What every user's server runs: the venv, the interpreter it points at, the course."""
+    return [VENV_BIN, Path(os.path.realpath(VENV_BIN / "python")).parent, REPO, HERE]
+
+
+def grant_traversal(group: str) -> list[str]:
+    """Let the hub's accounts (members of ``group``) enter, not list, the folders above the
+    Python environment that others may not enter: one POSIX ACL entry ``g:GROUP:--x`` per
+    folder.  An environment installed where everyone can read it (/opt, /usr/local) needs
+    none; one under root's home (a pyenv build, say) does."""
+    folders = sorted({str(f) for p in software_paths() for f in _blocked_ancestors(p)})
+    if folders and shutil.which("setfacl") is None:
+        raise SystemExit(f"the Python environment lies under {folders[0]}, which the hub's "
+                         "accounts cannot enter: install the acl package "
+                         "(apt-get install acl) or the environment under /opt")
+    for folder in folders:
+        subprocess.run(["setfacl", "-m", f"g:{group}:--x", folder], check=True)
+    return folders
+
+
+def revoke_traversal(group: str, folders: list[str]):
+    for folder in folders:
+        subprocess.run(["setfacl", "-x", f"g:{group}", folder], check=False,
+                       stderr=subprocess.DEVNULL)
+
+
+def chown_tree(path: Path, user: str):
+    entry = pwd.getpwnam(user)
+    for folder, dirs, files in os.walk(path):
+        os.chown(folder, entry.pw_uid, entry.pw_gid)
+        for name in files:
+            os.chown(os.path.join(folder, name), entry.pw_uid, entry.pw_gid)
+
+
+def settings(state: Path) -> dict:
+    return json.loads((state / "settings.json").read_text())
+
+
+# ---------------------------------------------------------------------------- setup
+def course_config(state: Path, kernel_uid: int) -> str:
+    """The course's nbgrader_config.py with the hub's paths: the repository's config, then
+    the course root, the exchange, and a grading step that refuses to run unsandboxed."""
+    text = (REPO / "nbgrader_config.py").read_text()
+    return text + f"""
+# ---- the course hub (scripts/hub/hub.py setup)
+c.CourseDirectory.root = {str(state / 'course')!r}
+c.Exchange.root = {str(state / 'exchange')!r}
+# grading runs as root (scripts/hub/hub.py grade): each kernel gets a uid of its own; the
+# formgrader's Autograde button, run as the instructor's account, refuses instead of
+# grading without the sandbox
+c.AutogradeSettings.require_sandbox = True
+# where the grading kernels' uids start, apart from other courses graded on this host
+c.AutogradeSettings.kernel_uid = {kernel_uid}
+# a submission after the due date scores 0 (nbgrader's late penalties: "none" keeps the
+# score; a LateSubmissionPlugin subclass can take off points per hour instead)
+c.LateSubmissionPlugin.penalty_method = "zero"
+"""
+
+
+def role_config(state: Path, role: str, instructor: str):
+    folder = state / "config" / role
+    (folder / "labconfig").mkdir(parents=True, exist_ok=True)
+    lines = ["c = get_config()  # noqa: F821",
+             f"c.CourseDirectory.course_id = {COURSE_ID!r}",
+             f"c.Exchange.root = {str(state / 'exchange')!r}"]
+    disabled = {}
+    server_ext = {}
+    if role == "instructor":
+        lines.append(f"c.CourseDirectory.root = {str(state / 'course')!r}")
+    else:
+        # students see the assignment list and the Validate button, not the instructor's tools
+        disabled = {f"@jupyter/nbgrader:{p}": True
+                    for p in ("formgrader", "course-list", "create-assignment")}
+        server_ext = {"nbgrader.server_extensions.formgrader": False,
+                      "nbgrader.server_extensions.course_list": False}
+    # no server asks the internet for news or updates
+    disabled["@jupyterlab/apputils-extension:announcements"] = True
+    (folder / "nbgrader_config.py").write_text("\n".join(lines) + "\n")
+    (folder / "labconfig" / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": disabled}, indent=1) + "\n")
+    (folder / "jupyter_server_config.json").write_text(json.dumps(
+        {"ServerApp": {"jpserver_extensions": server_ext},
+         "LabApp": {"news_url": None,
+                    "check_for_updates_class": "jupyterlab.NeverCheckForUpdate"}},
+        indent=1) + "\n")
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def setup(state: Path, instructor: str, students: list[str], port=8000, hub_port=8081,
+          proxy_api_port=8001, labs=None, passwords: dict | None = None,
+          logins: bool = True, group: str = "msda-hub", kernel_uid: int = 64300) -> dict:
+    """Create (or refresh) everything the hub needs; returns {user: password} for accounts
+    whose password was generated or given now.  ``logins=False`` gives no account a
+    password (a class that only uses the exchange, as scripts/hub/scale.py does)."""
+    require_root()
+    install_proxy()
+    state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o755)
+    (state / "hub").mkdir(exist_ok=True)
+    (state / "hub").chmod(0o700)
+
+    accounts = [instructor, *students]
+    known = settings(state) if (state / "settings.json").exists() else {}
+    created = list(known.get("created_accounts", []))
+    group = known.get("group") or group
+    if not group_exists(group):
+        subprocess.run(["groupadd", group], check=True)
+        created_group = True
+    else:
+        created_group = known.get("created_group", False)
+    for name in accounts:
+        if not user_exists(name):
+            created.append(name)
+        create_account(name, group)
+    granted = sorted(set(known.get("acl_folders", [])) | set(grant_traversal(group)))
+
+    conf = {"instructor": instructor, "students": students, "port": port,
+            "hub_port": hub_port, "proxy_api_port": proxy_api_port,
+            "course": str(state / "course"), "exchange": str(state / "exchange"),
+            "repo": str(REPO), "venv_bin": str(VENV_BIN), "course_id": COURSE_ID,
+            "created_accounts": sorted(set(created)), "acl_folders": granted,
+            "group": group, "created_group": created_group}
+    (state / "settings.json").write_text(json.dumps(conf, indent=1) + "\n")
+
+    if not (state / "secrets.json").exists():
+        _write_private(state / "secrets.json", json.dumps(
+            {"cookie_secret": secrets.token_hex(32), "proxy_token": secrets.token_hex(32)}))
+    hashes = json.loads((state / "accounts.json").read_text()) \
+        if (state / "accounts.json").exists() else {}
+    new = {}
+    for name in (accounts if logins else []):
+        if passwords and name in passwords:
+            new[name] = passwords[name]
+        elif name not in hashes:
+            new[name] = secrets.token_urlsafe(12)
+    hashes.update({name: hash_password(pw) for name, pw in new.items()})
+    hashes = {name: h for name, h in hashes.items() if name in accounts and logins}
+    _write_private(state / "accounts.json", json.dumps(hashes, indent=1))
+    if new:
+        old = (state / "passwords.txt").read_text() if (state / "passwords.txt").exists() else ""
+        keep = [ln for ln in old.splitlines() if ln.split(" ", 1)[0] not in new]
+        _write_private(state / "passwords.txt", "\n".join(
+            keep + [f"{n} {p}" for n, p in new.items()]) + "\n")
+
+    exchange = state / "exchange"
+    exchange.mkdir(exist_ok=True)
+    exchange.chmod(0o777)                 # nbgrader's exchange: every account writes to it
+    course = state / "course"
+    (course / "assignments").mkdir(parents=True, exist_ok=True)
+    (course / "nbgrader_config.py").write_text(course_config(state, kernel_uid))
+    for lab in labs or sorted(p.name for p in (REPO / "assignments").iterdir() if p.is_dir()):
+        target = course / "assignments" / lab
+        if not target.exists():
+            shutil.copytree(REPO / "assignments" / lab, target,
+                            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    chown_tree(course, instructor)
+    course.chmod(0o700)
+    for role in ("student", "instructor"):
+        role_config(state, role, instructor)
+    return new
+
+
+# ---------------------------------------------------------------------------- run / stop
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _read_pid(path: Path):
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def leftovers(state: Path) -> list[tuple[int, str]]:
+    """Processes the hub leaves if it did not stop cleanly: the proxy, and anything running
+    as one of the hub's accounts (their servers and kernels)."""
+    found = []
+    pid = _read_pid(state / "hub" / "proxy.pid")
+    if pid and _alive(pid):
+        found.append((pid, "configurable-http-proxy"))
+    conf = settings(state)
+    uids = {pwd.getpwnam(n).pw_uid for n in [conf["instructor"], *conf["students"]]
+            if user_exists(n)}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid in uids:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+                found.append((int(entry.name), cmd))
+        except OSError:
+            pass
+    return found
+
+
+def clean_up(state: Path, log=sys.stderr) -> list:
+    """Stop what ``leftovers`` finds, by process id (TERM, then KILL)."""
+    found = leftovers(state)
+    for pid, what in found:
+        log.write(f"stopping a leftover process {pid} ({what})\n")
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid, _ in found):
+        time.sleep(0.2)
+    for pid, _ in found:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return found
+
+
+def hub_command(state: Path) -> tuple[list, dict]:
+    env = dict(os.environ)
+    env["MSDA_HUB_STATE"] = str(state)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("JUPYTER_CONFIG_DIR", None)
+    env.pop("PYTHONPATH", None)      # the servers use the environment's install of the course
+    return [str(VENV_BIN / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")], env
+
+
+def start(state: Path, log_file=None):
+    """Run the hub in the foreground until SIGINT/SIGTERM, then stop it and check that
+    nothing of it is left."""
+    require_root()
+    conf = settings(state)
+    command, env = hub_command(state)
+    (state / "hub" / "run.pid").write_text(f"{os.getpid()}\n")
+    out = open(log_file, "a") if log_file else None
+    hub = subprocess.Popen(command, cwd=state / "hub", env=env, stdout=out,
+                           stderr=subprocess.STDOUT if out else None, start_new_session=True)
+    stopping = {"signal": None}
+
+    def _stop(signum, frame):
+        stopping["signal"] = signum
+        if hub.poll() is None:
+            hub.send_signal(signal.SIGTERM)    # the hub stops the servers and the proxy
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    sys.stderr.write(f"course hub on http://127.0.0.1:{conf['port']}/ (passwords: "
+                     f"{state / 'passwords.txt'}); Ctrl-C or `make hub-stop` stops it\n")
+    try:
+        while hub.poll() is None:
+            try:
+                hub.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        if hub.poll() is None:
+            hub.send_signal(signal.SIGTERM)
+            try:
+                hub.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                hub.kill()
+                hub.wait()
+        found = clean_up(state)
+        sys.stderr.write("hub stopped" + (f"; {len(found)} leftover process(es) stopped\n"
+                                          if found else "; nothing left running\n"))
+        (state / "hub" / "run.pid").unlink(missing_ok=True)
+        if out:
+            out.close()
+    return 0 if stopping["signal"] else hub.returncode
+
+
+def stop(state: Path, timeout=90) -> int:
+    require_root()
+    pid = _read_pid(state / "hub" / "run.pid")
+    if pid and _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.2)
+    found = clean_up(state)
+    left = leftovers(state)
+    print("hub stopped; " + (f"{len(found)} leftover process(es) stopped" if found
+                             else "nothing left running"))
+    return 1 if left else 0
+
+
+# ---------------------------------------------------------------------------- grading
+def grade(state: Path, lab: str, extra=()) -> int:
+    """``python -m autograde grade LAB`` on the course folder, as root (the sandbox gives
+    every kernel its own uid), then hand the outputs back to the instructor's account so
+    that the formgrader and feedback work from the instructor's server."""
+    require_root()
+    conf = settings(state)
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    # the course's packages from the environment's install, as in every user's server: the
+    # sandbox shows a kernel the folders the grader imported them from, nothing else
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(VENV_BIN / "python"), "-m", "autograde", "grade", lab,
+                           "--root", conf["course"], "--no-progress", *extra],
+                          cwd=conf["course"], env=env)
+    chown_tree(Path(conf["course"]), conf["instructor"])
+    return proc.returncode
+
+
+def remove_users(state: Path):
+    """Delete the system accounts that setup created (and their home folders)."""
+    require_root()
+    conf = settings(state)
+    if conf.get("group"):
+        revoke_traversal(conf["group"], conf.get("acl_folders", []))
+    for name in conf.get("created_accounts", []):
+        if user_exists(name):
+            subprocess.run(["userdel", "--remove", name], check=False,
+                           stderr=subprocess.DEVNULL)
+    if conf.get("created_group") and group_exists(conf["group"]):
+        subprocess.run(["groupdel", conf["group"]], check=False, stderr=subprocess.DEVNULL)
+    conf["created_accounts"] = []
+    conf["created_group"] = False
+    (state / "settings.json").write_text(json.dumps(conf, indent=1) + "\n")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["setup", "start", "stop", "grade", "remove-users"])
+    parser.add_argument("lab", nargs="?")
+    parser.add_argument("--state", type=Path, default=DEFAULT_STATE)
+    parser.add_argument("--instructor", default="msda-instructor")
+    parser.add_argument("--students", default="msda-alice,msda-bob,msda-carol")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--log")
+    args = parser.parse_args(argv)
+    state = args.state.resolve()
+    if args.command == "setup":
+        new = setup(state, args.instructor, args.students.split(","), port=args.port,
+                    hub_port=args.port + 81, proxy_api_port=args.port + 1)
+        for name in new:
+            print(f"account {name}: new password in {state / 'passwords.txt'}")
+        return 0
+    if args.command == "start":
+        return start(state, args.log)
+    if args.command == "stop":
+        return stop(state)
+    if args.command == "grade":
+        if not args.lab:
+            parser.error("grade needs the lab, e.g. lab01_the_spec")
+        return grade(state, args.lab)
+    remove_users(state)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
