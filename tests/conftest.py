@@ -11,6 +11,8 @@ import source_kernels  # noqa: F401  (sets TRITON_INTERPRET before any kernel is
 SYSTEM_PACKAGES = {
     "bubblewrap": ("bwrap", "the grading sandbox runs student code under bubblewrap"),
     "chromium": ("/usr/bin/chromium", "the browser tests drive the system's Chromium"),
+    "acl": ("setfacl", "the course hub lets its accounts into the Python environment with an "
+                       "ACL entry"),
 }
 
 

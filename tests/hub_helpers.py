@@ -28,6 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import require_system_package
 
 import nbgrader_helpers as nbh
 
@@ -51,10 +52,8 @@ def require_hub():
         pytest.skip("the course hub needs root (each user's server runs as a system account "
                     "of its own): sudo python -m pytest tests/test_hub.py")
     module = hub_module()
-    if any(module._blocked_ancestors(p) for p in module.software_paths()) and \
-            shutil.which("setfacl") is None:
-        pytest.skip("the Python environment lies under a folder the hub's accounts cannot "
-                    "enter, and setfacl is missing: apt-get install acl")
+    if any(module._blocked_ancestors(p) for p in module.software_paths()):
+        require_system_package("acl")       # the environment lies under a closed folder
     if not (HUB_DIR / "node_modules" / ".bin" / "configurable-http-proxy").exists():
         if shutil.which("npm") is None:
             pytest.skip("configurable-http-proxy needs npm: apt-get install npm")
@@ -63,9 +62,7 @@ def require_hub():
         if proc.returncode != 0:
             pytest.skip("configurable-http-proxy could not be installed: "
                         f"cd scripts/hub && npm ci ({proc.stderr[-300:]})")
-    if shutil.which("bwrap") is None:
-        pytest.fail("bubblewrap is not installed: .ci/run installs it (apt-get install "
-                    "bubblewrap)")
+    require_system_package("bubblewrap")
 
 
 def free_port() -> int:

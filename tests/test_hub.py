@@ -212,14 +212,10 @@ def test_class_on_the_hub(hub):
     # in the source notebook's solution verbatim)
     assert rows[correct]["status"] in ("graded", "needs_review"), rows[correct]["status"]
     assert hh.review_reasons(rows[correct]["reasons"]) == [], rows[correct]["reasons"]
-    # the grading kernel never judges (a check there only records the calls; the grader's
-    # replay decides), so the report words a wrong answer as "the kernel reported a pass,
-    # the grader's replay failed" and asks for a review, naming the failing checks and the
-    # mistake the diagnosis recognised
-    assert rows[mistake]["status"] == "needs_review", rows[mistake]
-    reasons = "; ".join(hh.review_reasons(rows[mistake]["reasons"]))
-    assert "lab01_hidden_msda_naive" in reasons and "x and y are swapped" in reasons, reasons
-    assert "corner_weights" not in reasons and "bilinear_sample" not in reasons, reasons
+    # a wrong answer is a plain failure (the grader's replay is the check's verdict), not a
+    # case for review; the similarity check may list it (it is the solution with one change)
+    assert rows[mistake]["status"] in ("graded", "needs_review"), rows[mistake]
+    assert hh.review_reasons(rows[mistake]["reasons"]) == [], rows[mistake]["reasons"]
     max_score = float(rows[correct]["max_score"])
     assert float(rows[correct]["score"]) == max_score == 10.0, rows[correct]
     # the (y, x) mistake fails both msda_naive checks (1 visible + 3 hidden points) only
@@ -243,6 +239,8 @@ def test_class_on_the_hub(hub):
     assert re.search(r"lab01_check_msda_naive.*?Score: 0\.0 / 1\.0", feedback[mistake], re.S)
     assert re.search(r"lab01_hidden_msda_naive.*?Score: 0\.0 / 3\.0", feedback[mistake], re.S)
     assert re.search(r"lab01_hidden_msda_naive.*?Score: 3\.0 / 3\.0", feedback[correct], re.S)
+    # and the student reads the check's diagnosis of the mistake
+    assert "x and y are swapped" in feedback[mistake]
 
     # nothing left the machine
     assert sum(g.seen for g in guards) > 50
