@@ -384,9 +384,15 @@ def test_a_real_lab_through_the_course_configuration(tmp_path):
     assert "similarity check: lab01_the_spec/lab01_msda_naive: similarity 100 % to the lab's " \
            "solution" in rows["solution"]["reasons"]
     assert (float(rows["untouched"]["score"]), rows["untouched"]["status"]) == (0.0, "graded")
+    # the cheater's replaced math.isclose changes nothing: lab 01's checks compare only in the
+    # grader's replay, which fails the wrong stage (visible and hidden) as a wrong answer;
+    # the rest of the notebook is the solution, so the similarity check lists it too
     assert (float(rows["cheater"]["score"]), rows["cheater"]["status"]) == (7.0, "needs_review")
-    assert "lab01_hidden_corner_weights: needs review (the kernel reported a pass, the " \
-           "grader's replay failed" in rows["cheater"]["reasons"]
+    ledger = json.loads(next((course / "autograde_status" / LAB01).glob("cheater*.json"))
+                        .read_text())
+    verdicts = next(iter(ledger["notebooks"].values()))["verdicts"]
+    assert verdicts["lab01_hidden_corner_weights"]["verdict"] == "fail", verdicts
+    assert "similarity check" in rows["cheater"]["reasons"]
 
 
 # ---------------------------------------------------------------- fast tests, no kernel
