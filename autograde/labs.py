@@ -110,11 +110,12 @@ KERNEL_VIEW = {
                                        "grad_value", "sample_corners"),
         "autograde.checks.lab08": "*", "autograde.checks.guard": "*",
         "autograde.checks._operator": "*", "autograde.checks.diagnose_grad": "*"},
-    # the compiler driver and the kernels it compiles (the notebook reads their PTX); the
-    # graded listing readers (ptx.atomic_instructions, atomic_summary) and the accumulation
-    # default and its buffer (backward.default_fp32_grad_accum, grad_value_buffer) are cut
-    # out: only the kernels and their launch constants are copied
-    9: {"source_kernels.ptx": ("compile_ptx",),
+    # the compiler driver, its child process (it compiles with the interpreter off) and the
+    # kernels it compiles (the notebook reads their PTX); the graded listing readers
+    # (ptx.atomic_instructions, atomic_summary) and the accumulation default and its buffer
+    # (backward.default_fp32_grad_accum, grad_value_buffer) are cut out: only the kernels
+    # and their launch constants are copied
+    9: {"source_kernels.ptx": ("compile_ptx",), "source_kernels.ptx_child": "*",
         "source_kernels.forward": ("_msda_forward_kernel", "forward_config"),
         "source_kernels.backward": ("_msda_backward_kernel", "BWD_BLOCK_Q", "BWD_NUM_WARPS"),
         "source_kernels.tiled": "*", "source_kernels.sampling": "*",

@@ -71,7 +71,7 @@ def compile_ptx(kernel: str, arch: int, dtype: torch.dtype = torch.bfloat16,
         request = json.dumps([kernel, arch, str(dtype).removeprefix("torch."),
                               fp32_grad_accum, channels, levels, points, block_q, num_warps])
         env = dict(os.environ, TRITON_INTERPRET="0")
-        done = subprocess.run([sys.executable, "-m", "source_kernels.ptx", "--request", request],
+        done = subprocess.run([sys.executable, "-m", "source_kernels.ptx_child", request],
                               env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"compiling {kernel} for sm_{arch} failed:\n{done.stderr}")
@@ -227,7 +227,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90])
     parser.add_argument("--dtype", nargs="+", default=["fp32", "fp16", "bf16"])
-    parser.add_argument("--request", help=argparse.SUPPRESS)
     parser.add_argument("--resources", action="store_true",
                         help="registers, stack and shared memory of every sweep candidate")
     args = parser.parse_args(argv)
@@ -238,13 +237,6 @@ def main(argv=None) -> int:
                                    *(sys.argv[1:] if argv is None else argv)],
                                   env=env, check=False).returncode
         return resources_table(args.dtype)
-    if args.request:                       # child process of compile_ptx: print PTX only
-        kernel, arch, dtype, accum, channels, levels, points, block_q, warps = \
-            json.loads(args.request)
-        sys.stdout.write(compile_ptx(kernel, arch, getattr(torch, dtype), accum,
-                                     channels=channels, levels=levels, points=points,
-                                     block_q=block_q, num_warps=warps))
-        return 0
     dtypes = {name: dt for dt, name in _TRITON_TYPE.items()}
     print(f"triton {triton.__version__}: atomics of the backward kernel (D=32, L=K=4)")
     for arch in args.arch:
