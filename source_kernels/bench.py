@@ -55,6 +55,15 @@ def out_of_time() -> bool:
     return time.time() > DEADLINE["at"]
 
 
+def _portable_arg(arg: str) -> str:
+    """An argument as a results file records it: a path of this machine outside the working
+    folder becomes OUTDIR/<name> (the file names stay, the machine's folders do not)."""
+    if not arg.startswith("/"):
+        return arg
+    here = os.getcwd().rstrip("/") + "/"
+    return arg[len(here):] if arg.startswith(here) else "OUTDIR/" + os.path.basename(arg)
+
+
 def provenance(argv) -> dict:
     import triton
     try:
@@ -74,7 +83,8 @@ def provenance(argv) -> dict:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m source_kernels.bench " + " ".join(shlex.quote(a) for a in argv),
+        "command": "python -m source_kernels.bench " + " ".join(
+            shlex.quote(_portable_arg(a)) for a in argv),
     }
 
 

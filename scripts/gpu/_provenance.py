@@ -31,6 +31,21 @@ def _run(cmd) -> str | None:
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
 
 
+def portable(text: str) -> str:
+    """A path or argument as a results file keeps it: relative to the repository inside it,
+    ``OUTDIR`` for an absolute path outside it (a folder of the machine that ran it)."""
+    if not text.startswith("/"):
+        return text
+    repo = str(REPO) + "/"
+    return text[len(repo):] if text.startswith(repo) else "OUTDIR"
+
+
+def portable_command(script: str, argv=None) -> str:
+    """The command line that ran ``script``, with no path of the machine it ran on."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python3", f"scripts/gpu/{script}", *map(portable, args)])
+
+
 def provenance(script: str) -> dict:
     """The machine, the software and the command, as a JSON-ready dict."""
     import torch
@@ -53,7 +68,7 @@ def provenance(script: str) -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join(["python3", f"scripts/gpu/{script}", *sys.argv[1:]]),
+        "command": portable_command(script),
         "repository_commit": commit,
         "uncommitted_changes_to_tracked_files": bool(dirty),
     }
@@ -135,7 +150,7 @@ def run_provenance(script: str, dry: bool) -> dict:
 
     return {"gpu": "none (dry run in Triton's interpreter)", "torch": torch.__version__,
             "triton": triton.__version__,
-            "command": " ".join(["python3", f"scripts/gpu/{script}", *sys.argv[1:]])}
+            "command": portable_command(script)}
 
 
 def results_saver(outdir: str, stem: str, payload: dict):

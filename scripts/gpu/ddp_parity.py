@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _provenance import gpu_slug, provenance, repo_on_path  # noqa: E402
+from _provenance import gpu_slug, portable_command, provenance, repo_on_path  # noqa: E402
 
 TOLERANCE = {"fp32": 1e-4, "bf16-autocast": 2e-2}
 FULL = dict(d_model=256, heads=8, points=4, layers=6, d_ffn=1024, per_rank_batch=2,
@@ -169,7 +169,7 @@ def cpu_provenance():
             "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": " ".join(["scripts/gpu/ddp_parity.py", *sys.argv[1:]])}
+            "command": portable_command("ddp_parity.py")}
 
 
 def build(cfg, device, seed=0):

@@ -15,7 +15,7 @@ import pstats
 import sys
 import time
 
-from _provenance import provenance, repo_on_path, require_gpu, write_results
+from _provenance import REPO, provenance, repo_on_path, require_gpu, write_results
 
 
 def main(argv=None) -> int:
@@ -64,7 +64,10 @@ def main(argv=None) -> int:
         stats = pstats.Stats(profiler)
         rows = []
         for (filename, line, fname), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
-            rows.append({"function": f"{filename.split('site-packages/')[-1]}:{line}({fname})",
+            # a file of the repository relative to it, of an installed package from
+            # site-packages on: no folder of the machine that ran the profile
+            where = filename.split("site-packages/")[-1].removeprefix(f"{REPO}/")
+            rows.append({"function": f"{where}:{line}({fname})",
                          "calls_per_call": ncalls / n,
                          "own_us_per_call": tottime / n * 1e6,
                          "cumulative_us_per_call": cumtime / n * 1e6})
