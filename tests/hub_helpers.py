@@ -246,27 +246,8 @@ def running_hub(students=("a", "b"), tag="hub"):
 
 
 # ---------------------------------------------------------------------------- notebooks
-def solution_sources(lab=LAB) -> dict:
-    """{grade_id: the source notebook's answer, marker lines dropped}."""
-    source = nbformat.read(nbh.source_notebook(lab), as_version=4)
-    return {c.metadata.nbgrader["grade_id"]: "\n".join(
-        line for line in c.source.splitlines()
-        if line.strip() not in (nbh.BEGIN_SOLUTION, nbh.END_SOLUTION))
-        for c in source.cells if c.metadata.get("nbgrader", {}).get("solution")}
-
-
 def solved(release_nb, lab=LAB):
-    """The released notebook with every answer cell taken from the source notebook."""
-    answers = solution_sources(lab)
-    nb = nbformat.reads(nbformat.writes(release_nb), as_version=4)
-    filled = 0
-    for cell in nb.cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if cell.metadata.get("nbgrader", {}).get("solution") and gid in answers:
-            cell.source = answers[gid]
-            filled += 1
-    assert filled == len(answers) > 0
-    return nb
+    return nbh.solved_release(release_nb, lab)
 
 
 # the typical mistake of lab 01: the last axis of sampling_locations read as (y, x)

@@ -184,6 +184,30 @@ def execute_notebooks(paths, timeout=120, workers=1) -> dict:
 
 
 # ---------------------------------------------------------------------------- cells
+def solution_sources(lab: str) -> dict:
+    """{grade_id: the source notebook's answer, marker lines dropped}."""
+    source = nbformat.read(source_notebook(lab), as_version=4)
+    return {c.metadata.nbgrader["grade_id"]: "\n".join(
+        line for line in c.source.splitlines()
+        if line.strip() not in (BEGIN_SOLUTION, END_SOLUTION))
+        for c in source.cells if c.metadata.get("nbgrader", {}).get("solution")}
+
+
+def solved_release(release_nb, lab: str):
+    """A copy of the released notebook with every answer cell taken from the source notebook:
+    what a student who got everything right hands in."""
+    answers = solution_sources(lab)
+    nb = nbformat.reads(nbformat.writes(release_nb), as_version=4)
+    filled = 0
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell.metadata.get("nbgrader", {}).get("solution") and gid in answers:
+            cell.source = answers[gid]
+            filled += 1
+    assert filled == len(answers) > 0, (filled, sorted(answers))
+    return nb
+
+
 def nbgrader_meta(cell) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {})
 

@@ -63,27 +63,6 @@ def _env(home: Path) -> dict:
     return env
 
 
-def _solved(release_nb, source_nb):
-    """The release with every solution cell replaced by the source notebook's solution
-    (marker lines dropped): what a student who got everything right would have."""
-    solutions = {}
-    for cell in source_nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if meta.get("solution"):
-            lines = [line for line in cell.source.splitlines()
-                     if line.strip() not in (nbh.BEGIN_SOLUTION, nbh.END_SOLUTION)]
-            solutions[meta["grade_id"]] = "\n".join(lines)
-    solved = nbformat.reads(nbformat.writes(release_nb), as_version=4)     # a deep copy
-    filled = 0
-    for cell in solved.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if cell.metadata.get("nbgrader", {}).get("solution") and grade_id in solutions:
-            cell.source = solutions[grade_id]
-            filled += 1
-    assert filled == len(solutions) > 0, (filled, sorted(solutions))
-    return solved
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -170,8 +149,7 @@ def course(tmp_path_factory):
         "c = get_config()  # noqa: F821\n"
         f"c.Exchange.root = {str(exchange)!r}\n"
         f"c.CourseDirectory.course_id = {COURSE_ID!r}\n")
-    solved = _solved(nbformat.read(release, as_version=4),
-                     nbformat.read(nbh.source_notebook(LAB), as_version=4))
+    solved = nbh.solved_release(nbformat.read(release, as_version=4), LAB)
     return {"base": base, "student": student, "release": release, "solved": solved,
             "env": _env(base)}
 
