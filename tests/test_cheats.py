@@ -63,7 +63,7 @@ import importlib.util as _iu
 import os as _os
 _places = [_os.path.join(p, "reference.py")
            for p in _iu.find_spec("source_kernels").submodule_search_locations]
-_places += [{repo_reference!r}, "/work/main/source_kernels/reference.py"]
+_places += [{repo_reference!r}]   # where the course lives on the grading host
 _text = None
 for _p in _places:
     try:
