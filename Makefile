@@ -13,7 +13,7 @@ RUN    := PATH="$(abspath $(BIN)):$$PATH"
 # Elsewhere the tests that need one skip, naming the command that installs it.
 SYSTEM_PACKAGES := bubblewrap:bwrap chromium:chromium acl:setfacl
 
-.PHONY: setup system-packages book test lab clean hub hub-stop
+.PHONY: setup system-packages book test lab clean hub hub-stop gpu-check gpu-wheels
 
 $(STAMP): requirements.txt pyproject.toml scripts/ipython_kernel_config.py
 	$(PYTHON) -m venv $(VENV)
@@ -80,3 +80,21 @@ hub: $(STAMP)
 
 hub-stop:
 	$(BIN)/python scripts/hub/hub.py stop --state $(HUB_STATE)
+
+# The GPU path in one call, on a CUDA host: the GPU tests, every lab's source notebook, lab 10's
+# suite, the fixture class graded on the GPU and a benchmark smoke (scripts/gpu/check.py; about
+# 8 minutes on an H200 host).  It runs with the host's python3 (torch and Triton installed, no
+# virtualenv); nbgrader and nbclient come from .whl/ where the host lacks them (make gpu-wheels,
+# on a machine with pip and the network).  Results: $(GPU_CHECK_OUT)/gpu_check_<gpu>.json.
+GPU_CHECK_OUT ?= gpu_check_out
+gpu-check:
+	$(PYTHON) scripts/gpu/check.py $(GPU_CHECK_OUT)
+
+gpu-wheels:
+	grep -v '^#' scripts/gpu/wheels.txt | xargs $(PYTHON) -m pip download --no-deps \
+	  --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux_2_5_x86_64 \
+	  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .whl
+	# Debian's bubblewrap for the grading sandbox there (scripts/gpu/grade_class.sh unpacks it)
+	-mkdir -p .whl/deb && cd .whl/deb && apt-get download bubblewrap libcap2 libselinux1

@@ -147,6 +147,9 @@ def check_signature(value, value_spatial_shapes, value_level_start_index, sampli
                            sampling_locations, attention_weights, im2col_step)
     if signature is not None and mixed_precision:
         signature = signature + ("mixed",)
+    if signature is not None and value.device.type == "cpu":
+        # CPU tensors are valid only with the interpreter on, which is read at call time
+        signature = signature + (os.environ.get("TRITON_INTERPRET", "0"),)
     if signature is None or signature not in _valid_signatures:
         _check_signature(value, value_spatial_shapes, value_level_start_index,
                          sampling_locations, attention_weights, im2col_step, mixed_precision)

@@ -262,9 +262,11 @@ def test_encoder_traces_with_static_sizes():
     spatial_shapes is read on the host (no .item() in the graph), so no size of the graph
     depends on data, which the operator's compiled kernels and CUDA graphs need."""
     torch.manual_seed(0)
-    spatial_shapes, starts = pyramid([[4, 5], [2, 3]])
-    encoder = DeformableEncoder(1, 16, 32, 0.0, 2, 2, 2)
-    src = torch.randn(1, 26, 16)
+    # on the operator's device: on a GPU host the kernels compile for the GPU and refuse CPU
+    # tensors (a CPU tensor there is the error the operator exists to give)
+    spatial_shapes, starts = pyramid([[4, 5], [2, 3]], DEVICE)
+    encoder = DeformableEncoder(1, 16, 32, 0.0, 2, 2, 2).to(DEVICE)
+    src = torch.randn(1, 26, 16, device=DEVICE)
     graphs = []
 
     def capture(graph, example_inputs):

@@ -20,6 +20,7 @@ that costs: nothing notices when an input changes between forward and backward.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 
@@ -146,6 +147,35 @@ NOT_CAUGHT = {
 }
 # a tensor on the meta device cannot be recorded while grading: the visible check tries it
 NOT_WHILE_GRADING = ("shapes on another device",)
+# Inputs this process cannot run the kernels on: CPU tensors while Triton compiles the kernels
+# for the GPU.  The check turns the interpreter off for the length of the call, as it is on a
+# GPU host, so that a CPU machine shows the case too (only validate runs: nothing is compiled).
+# name -> (the argument the message names, the words the message must hold)
+HOST_CASES = {"CPU inputs, kernels compiled for the GPU": ("value", "value is on the CPU")}
+NOT_CAUGHT["CPU inputs, kernels compiled for the GPU"] = (
+    "with TRITON_INTERPRET off (a GPU host) the kernels are compiled for the GPU and cannot "
+    "read CPU tensors: read os.environ when validate is called and refuse CPU inputs then")
+
+
+@contextlib.contextmanager
+def _compiling_for_the_gpu():
+    """TRITON_INTERPRET off while the block runs (validation reads it at call time)."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _host_cases(gen):
+    """(name, culprit, arguments on the CPU, words) of HOST_CASES."""
+    for name, (culprit, words) in HOST_CASES.items():
+        args = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in _valid(gen).items()}
+        yield name, culprit, args, words
 
 
 def _valid(gen, dtype=torch.float32, batch=2, queries=3):
@@ -279,23 +309,30 @@ def check_validation(validate, seed=None):
     gen = fresh_generator(seed)
     seed = gen.initial_seed()
     bad = list(_bad_cases(gen))
+    host = list(_host_cases(gen))
     good = list(_good_cases(gen))
     results = []
     with forbid_references(validate, allow=KERNEL_MODULES):
         for _, _, args, _ in bad:
             results.append(_attempt_none(validate, args))
+        with _compiling_for_the_gpu():
+            host_results = [_attempt_none(validate, args) for _, _, args, _ in host]
         good_results = [_attempt_none(validate, args) for _, args, _ in good]
     if not judging():
         return
     for (name, culprit, args, words), got in zip(bad, results):
         _judge_bad(name, culprit, args, words, got,
                    f"validate with bad input {name!r} (seed {seed})")
+    with _compiling_for_the_gpu():
+        for (name, culprit, args, words), got in zip(host, host_results):
+            _judge_bad(name, culprit, args, words, got,
+                       f"validate with {name} (TRITON_INTERPRET off, seed {seed})")
     for (what, _, meaning), got in zip(good, good_results):
         if got is not None:
             raise AssertionError(f"validate with {what} (seed {seed}): raised {got}, but the "
                                  f"operator accepts these arguments\nHint: {meaning}")
     suite = sum(1 for name, *_ in bad if name in SUITE_CASES)
-    show(f"validate: {len(bad)} bad inputs rejected with the table's exception and words "
+    show(f"validate: {len(bad) + len(host)} bad inputs rejected with the table's exception and words "
          f"({suite} of them the test suite's), {len(good)} valid ones accepted (seed {seed})")
 
 
