@@ -268,7 +268,7 @@ def main(argv=None) -> int:
     path.write_text(json.dumps(payload, indent=1) + "\n")
     with tarfile.open(out / "gpu_check_logs.tgz", "w:gz") as archive:
         for item in sorted(logs.rglob("*")):
-            if item.is_file() and item.suffix in (".log", ".json", ".csv") and item.stat().st_size < 4e6:
+            if item.is_file() and item.suffix in (".log", ".json", ".csv", ".tgz") and item.stat().st_size < 4e6:
                 archive.add(item, arcname=str(item.relative_to(out)))
     print(f"gpu-check: {'PASS' if ok else 'FAIL'} ({payload['seconds']:.0f} s) -> {path.name}")
     return 0 if ok else 1

@@ -101,7 +101,14 @@ main() {
 
   # 1. nbgrader and the course's packages, for this process and for the grading kernels
   local installed=none kernel_paths=()
-  if ! (cd / && "$PY" -c "import nbgrader") 2>/dev/null; then
+  if (cd / && "$PY" -c "import nbgrader, ipykernel") 2>/dev/null \
+     && ! (cd / && env -u PYTHONPATH "$PY" -c "import nbgrader, ipykernel") 2>/dev/null \
+     && [ -d /tmp/site/nbgrader ]; then
+    # already installed from the wheels by the caller (scripts/gpu/check.py): the kernels
+    # need the same folder, since the sandbox gives them a PYTHONPATH of their own
+    installed="$WHEELS -> /tmp/site (by the caller)"
+    kernel_paths+=(/tmp/site)
+  elif ! (cd / && "$PY" -c "import nbgrader") 2>/dev/null; then
     if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
       echo "nbgrader is not installed and $WHEELS/ holds no wheels"; return 2
     fi

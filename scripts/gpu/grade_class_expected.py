@@ -58,6 +58,8 @@ def _load_expected():
     """``EXPECTED`` from tests/test_grading.py (importing it starts nothing: the course is
     built by a pytest fixture, run only by pytest)."""
     path = REPO / "tests" / "test_grading.py"
+    if str(path.parent) not in sys.path:           # it imports its conftest's helpers
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location("_grading_tests_for_expected", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -90,18 +92,28 @@ GPU_CELL_FAILS = {"spawn_processes": "the uid's process limit is full: no compil
                                      "context"}
 
 
+# submissions with an incident that the CPU host's "needs_gpu" status outranks (the report
+# shows the highest status): on a GPU host the incident is the status
+INCIDENT_BEHIND_NEEDS_GPU = {"spawn_processes": "process limit"}
+
+
 def _gpu_row(student, row):
     score, status, reasons = row
     if score is None:
         return row
     kind = SCALE[student]
-    gpu_cell = kind in ("kernel", "torch") and student not in GPU_CELL_FAILS
+    # an answer whose scale_hidden goes to review (names rebound at run time) sends its GPU
+    # cell, which calls the same function, to review too: no point for it
+    reviewed = any(r.startswith("scale_hidden: needs review") and "rebind names" in r
+                   for r in reasons)
+    gpu_cell = kind in ("kernel", "torch") and student not in GPU_CELL_FAILS and not reviewed
     score = score + (POINTS["scale_gpu_hidden"] if gpu_cell else 0)
     if student in GPU_CELL_FAILS and kind == "kernel":
         score -= POINTS["scale_hidden"]         # passed in the interpreter, needs CUDA here
     kept = [r for r in reasons if GPU_REASON not in r]
     if status == "needs_gpu":
-        status = "graded_with_incidents" if kept else "graded"
+        incident = student in INCIDENT_BEHIND_NEEDS_GPU
+        status = "graded_with_incidents" if kept or incident else "graded"
     return score, status, kept
 
 
@@ -117,8 +129,8 @@ EXPECTED_GPU = _derive_gpu()
 
 # (score, status) pairs that are also the sandbox working as designed on a GPU host
 ALTERNATIVES_GPU = {
-    "spawn_processes": [(EXPECTED_GPU["spawn_processes"][0] + 2, "graded"),
-                        (EXPECTED_GPU["spawn_processes"][0] + 3, "graded")],
+    "spawn_processes": [(EXPECTED_GPU["spawn_processes"][0] + 2, "graded_with_incidents"),
+                        (EXPECTED_GPU["spawn_processes"][0] + 3, "graded_with_incidents")],
     "memory_hog": [(EXPECTED_GPU["memory_hog"][0] - 1, "graded"),
                    (EXPECTED_GPU["memory_hog"][0], "graded_with_incidents"),
                    (EXPECTED_GPU["memory_hog"][0] - 1, "graded_with_incidents")],
