@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import re
 import subprocess
@@ -57,6 +58,11 @@ def provenance(script: str) -> dict:
                    "--format=csv,noheader"])
     commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
     dirty = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    extra = {}
+    if commit is None and os.environ.get("COURSE_COMMIT"):
+        # a copy of the working tree without its git folder: the caller names the commit
+        commit = os.environ["COURSE_COMMIT"]
+        extra["commit_from"] = "COURSE_COMMIT (the host's copy has no git folder)"
     return {
         "gpu": torch.cuda.get_device_name(device),
         "compute_capability": f"{props.major}.{props.minor}",
@@ -71,6 +77,7 @@ def provenance(script: str) -> dict:
         "command": portable_command(script),
         "repository_commit": commit,
         "uncommitted_changes_to_tracked_files": bool(dirty),
+        **extra,
     }
 
 

@@ -261,9 +261,6 @@ def main(argv=None) -> int:
                "summary": {p: ("PASS " if results[p]["ok"] else "FAIL ") + results[p]["line"]
                            for p in args.parts},
                "parts": results}
-    if payload["provenance"].get("repository_commit") is None and os.environ.get("COURSE_COMMIT"):
-        payload["provenance"]["repository_commit"] = os.environ["COURSE_COMMIT"]
-        payload["provenance"]["commit_from"] = "COURSE_COMMIT (the host has no git checkout)"
     path = out / f"gpu_check_{gpu_slug(payload['provenance']['gpu'])}.json"
     path.write_text(json.dumps(payload, indent=1) + "\n")
     with tarfile.open(out / "gpu_check_logs.tgz", "w:gz") as archive:
