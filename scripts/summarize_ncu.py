@@ -33,7 +33,9 @@ def cases():
     raise RuntimeError("CASES not found in ncu_cases.py")
 
 
-def main(csv_path, json_path):
+def main(csv_path, json_path, versions_path=None, commit=None):
+    """``versions_path``: the line ``torch triton gpu date`` the GPU host printed beside the
+    CSV (scripts/gpu/run_all.sh's ncu part); ``commit``: the commit whose code ran."""
     with open(csv_path) as handle:
         lines = handle.read().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
@@ -61,14 +63,22 @@ def main(csv_path, json_path):
         summary.append({"case": name, "launch": launch_id, **launch,
                         "busiest_unit": UNITS[busiest],
                         "busiest_pct_of_peak": metrics.get(busiest, {}).get("value")})
+    provenance = {"command": "ncu --clock-control none --csv -k regex:_msda --metrics ... "
+                  "python3 scripts/gpu/ncu_cases.py (the ncu part of scripts/gpu/run_all.sh)",
+                  "summarised_by": "python scripts/summarize_ncu.py CSV JSON VERSIONS COMMIT",
+                  "source": csv_path, "repository_commit": commit}
+    if versions_path:
+        torch_version, triton_version, rest = open(versions_path).read().strip().split(" ", 2)
+        gpu, date = rest.rsplit(" ", 2)[0], " ".join(rest.rsplit(" ", 2)[1:])
+        provenance.update({"gpu": gpu, "torch": torch_version, "triton": triton_version,
+                           "date": date[:16] + " UTC"})
     with open(json_path, "w") as handle:
-        json.dump({"source": csv_path, "command": "ncu --clock-control none --csv -k "
-                   "regex:_msda --metrics ... python3 scripts/gpu/ncu_cases.py "
-                   "(scripts/gpu/run_all.sh)", "launches": summary}, handle, indent=1)
+        json.dump({"provenance": provenance, "launches": summary}, handle, indent=1)
+        handle.write("\n")
     for item in summary:
         print(f"{item['case']:<40} {item['kernel'][:32]:<32} busiest: {item['busiest_unit']} "
               f"{item['busiest_pct_of_peak']}%")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:5])

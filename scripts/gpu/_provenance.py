@@ -59,10 +59,13 @@ def provenance(script: str) -> dict:
     commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
     dirty = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
     extra = {}
-    if commit is None and os.environ.get("COURSE_COMMIT"):
-        # a copy of the working tree without its git folder: the caller names the commit
+    if os.environ.get("COURSE_COMMIT"):
+        # the caller names the commit whose tree was copied to this host: the copy's own git
+        # folder (if any) may be older than its working tree
+        extra["commit_from"] = "COURSE_COMMIT, the commit the caller copied to this host"
+        if commit and not commit.startswith(os.environ["COURSE_COMMIT"]):
+            extra["host_git_head"] = commit
         commit = os.environ["COURSE_COMMIT"]
-        extra["commit_from"] = "COURSE_COMMIT (the host's copy has no git folder)"
     return {
         "gpu": torch.cuda.get_device_name(device),
         "compute_capability": f"{props.major}.{props.minor}",

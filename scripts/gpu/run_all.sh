@@ -96,6 +96,9 @@ for part in "$@"; do
     timeout 60 "$NCU" --clock-control none --csv -k regex:_msda \
       --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sectors_op_read.sum,lts__t_sectors_op_atom.sum,lts__t_sectors_op_red.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,launch__registers_per_thread,launch__occupancy_limit_registers \
       python3 scripts/gpu/ncu_cases.py > "$R/ncu_h200.csv" 2> "$L/ncu.err"; echo "ncu exit $?"; tail -3 "$L/ncu.err"
+    # its provenance: the stack and the date beside the counters, the commit from the caller
+    python3 -c "import datetime, torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S'))" > "$R/ncu_versions.txt"
+    python3 scripts/summarize_ncu.py "$R/ncu_h200.csv" "$R/ncu_h200.json" "$R/ncu_versions.txt" "${COURSE_COMMIT:-unknown}"
     ;;
   refill)
     run hardware_fill 200 python3 scripts/gpu/hardware.py "$R" \
