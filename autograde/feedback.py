@@ -13,14 +13,15 @@
   value), not how it is checked;
 
 and ``CourseFeedbackExporter`` writes the page with the course's template
-(``autograde/templates/course_feedback``), which carries MathJax inside the page: nbgrader's
-``release_feedback`` and ``fetch_feedback`` move single ``.html`` files, so anything beside
-them would be left behind, and a page that loads MathJax from a CDN shows raw TeX on a
-closed network.
+(``autograde/templates/course_feedback``).  nbgrader's ``release_feedback`` and
+``fetch_feedback`` move single ``.html`` files, so anything beside them would be left behind,
+and a page that loads MathJax from a CDN shows raw TeX on a closed network: the page's maths
+is written as MathML, which the browser lays out itself, and only the stylesheet rules the page
+uses are kept (:mod:`autograde.page_size`), so a page is a few hundred KB and runs no script.
 """
 from __future__ import annotations
 
-import functools
+import copy
 import re
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from nbgrader.api import Gradebook
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode, default
 
+from . import page_size
 from .recording import MIME
 from .verify import NOT_GRADABLE
 
@@ -37,10 +39,6 @@ _WARNING = re.compile(r"^\[stderr\] \S.*?:\d+: (\w*Warning: .*)$", re.S)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TEMPLATE_NAME = "course_feedback"
-# the vendored MathJax 3 component the page carries (see VENDORED.txt beside it)
-MATHJAX_FILE = (Path(__file__).resolve().parents[1] / "book" / "_vendor" / "mathjax" / "es5"
-                / "tex-svg-full.js")
-
 # why a graded cell has no score yet: the words the page shows, and the total's wording
 BY_HAND = "graded by hand"
 ON_A_GPU = "graded on a GPU host"
@@ -102,27 +100,13 @@ class MarkPending(NbGraderPreprocessor):
         return nb, resources
 
 
-@functools.lru_cache(maxsize=4)
-def _script_text(path: str) -> str:
-    text = Path(path).read_text(encoding="utf-8")
-    # the script goes inside a <script> element: nothing in it may end or open one
-    if re.search(r"</?script", text, re.I):
-        raise ValueError(f"{path} contains a <script> tag and cannot be inlined")
-    return text
-
-
 class CourseFeedbackExporter(HTMLExporter):
-    """nbconvert's HTML exporter with the course's feedback template and MathJax inlined.
+    """nbconvert's HTML exporter with the course's feedback template, maths as MathML.
 
-    The page makes no request of its own: the lab template's CSS is inlined as nbconvert
-    always does it, require.js and Mermaid (which it would load from a CDN) are left out, and
-    MathJax 3's ``tex-svg-full`` component (all TeX extensions, SVG output, which needs no
-    font files) is copied into the page.  That costs about 2.2 MB per feedback file."""
-
-    mathjax_file = Unicode(
-        str(MATHJAX_FILE),
-        help="A self-contained MathJax 3 component (SVG output) to inline in every page.",
-    ).tag(config=True)
+    The page makes no request of its own and runs no script: the lab template's CSS is
+    inlined as nbconvert always does it (cut to the rules the page uses), require.js, Mermaid
+    and MathJax (which it would load from a CDN) are left out, and every formula of a markdown
+    cell is MathML (:mod:`autograde.page_size`)."""
 
     @default("template_name")
     def _course_template_name(self):
@@ -132,14 +116,18 @@ class CourseFeedbackExporter(HTMLExporter):
     def _course_template_dirs(self):
         return [str(TEMPLATES)]
 
-    def _init_resources(self, resources):
-        resources = super()._init_resources(resources)
-        if not Path(self.mathjax_file).is_file():
-            raise FileNotFoundError(
-                f"CourseFeedbackExporter.mathjax_file: no file {self.mathjax_file} (the "
-                "course vendors MathJax under book/_vendor/mathjax, see VENDORED.txt)")
-        resources["course_mathjax"] = _script_text(self.mathjax_file)
-        return resources
+    def from_notebook_node(self, nb, resources=None, **kw):
+        nb = copy.deepcopy(nb)
+        formulas = {}
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = page_size.math_to_tokens(cell.source, formulas)
+        output, resources = super().from_notebook_node(nb, resources, **kw)
+        output = page_size.put_back_math(output, formulas)
+        stylesheet = page_size.lab_stylesheet(self.template_paths)
+        if stylesheet:
+            output = page_size.prune_css(output, stylesheet)
+        return output, resources
 
 
 class HideHiddenTests(NbGraderPreprocessor):

@@ -13,7 +13,7 @@ autograde:  **SandboxedExecute** (sandbox, per-lab timeouts, output cap, restart
     CheckCellMetadata, **RecordStatus**
 feedback:  GetGrades, **MarkPending** (scores nobody has given yet), **HideHiddenTests**,
     CSSHTMLHeaderPreprocessor; written by **CourseFeedbackExporter** (the course's template,
-    MathJax inlined: the page renders its maths with no network)
+    maths as MathML and the stylesheet pruned: no network, no script, a few hundred KB)
 export:  **StatusCsvExport** (status and reasons columns; empty score when ungradable)
 """
 from __future__ import annotations

@@ -15,8 +15,9 @@ her feedback.
   (nbgrader's ``NbGraderAPI``, in this process, which insists on nbgrader's own template):
   the course's page still comes out.
 - ``test_fetched_feedback_typesets_its_maths_offline``: the page ada fetched, opened from
-  disk in Debian's Chromium with every request off the page aborted and recorded: MathJax
-  (inside the page) typesets every formula, with no error and no request at all.
+  disk in Debian's Chromium with every request off the page aborted and recorded: every
+  formula is MathML that the browser lays out (no script runs), with no error and no request
+  at all, and the page is under 300 KB.
 """
 from __future__ import annotations
 
@@ -181,7 +182,7 @@ def test_feedback_says_pending_until_the_instructor_grades(course):
     assert _summary_result(html, UNANSWERED) == "Score: 0.0 / 2.0"
     for grade_id in ("lab07_check_grad_attn", "lab07_hidden_grad_attn"):   # tests: scored
         assert _summary_result(html, grade_id) == "Score: {} / {}".format(*scores[grade_id])
-    # the page fetches nothing (MathJax is inside it)
+    # the page fetches nothing
     assert not re.search(r"<script[^>]*\bsrc=", html)
     assert not re.search(r"<link[^>]*\bhref=", html)
 
@@ -205,28 +206,25 @@ def test_feedback_says_pending_until_the_instructor_grades(course):
     assert "pending" not in _visible_text(html)
 
 
-# how the page's maths ended up: typeset formulas, MathJax errors, and text left with a $
-_MATH_FACTS = """async () => {
-  for (let i = 0; i < 300 && !(window.MathJax && MathJax.startup && MathJax.startup.promise);
-       i++)
-    await new Promise(r => setTimeout(r, 100));
-  await MathJax.startup.promise;
+# how the page's maths ended up: laid-out formulas, TeX the converter could not read, and
+# text left with a $
+_MATH_FACTS = """() => {
   const prose = [...document.querySelectorAll('.jp-RenderedMarkdown')];
   const raw = [];
   for (const el of prose) {
     const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT, {acceptNode: n =>
-      n.parentElement.closest('code, pre, mjx-container') ? NodeFilter.FILTER_REJECT
-                                                          : NodeFilter.FILTER_ACCEPT});
+      n.parentElement.closest('code, pre, math') ? NodeFilter.FILTER_REJECT
+                                                 : NodeFilter.FILTER_ACCEPT});
     for (let n = walker.nextNode(); n; n = walker.nextNode())
       if (/\\$|\\\\\\(|\\\\\\[/.test(n.textContent)) raw.push(n.textContent.trim().slice(0, 80));
   }
+  const shown = m => { const r = m.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
   return {
-    version: MathJax.version,
-    containers: document.querySelectorAll('mjx-container').length,
-    svg: document.querySelectorAll('mjx-container[jax="SVG"] svg').length,
-    errors: [...document.querySelectorAll('[data-mjx-error], mjx-merror, [data-mml-node="merror"]')]
-              .map(e => e.getAttribute('data-mjx-error') || e.textContent),
-    answer: document.querySelectorAll('#ag-lab07_derivation_loc mjx-container').length,
+    formulas: document.querySelectorAll('math').length,
+    laid_out: [...document.querySelectorAll('math')].filter(shown).length,
+    unconverted: [...document.querySelectorAll('code.ag-tex')].map(e => e.textContent),
+    scripts: document.querySelectorAll('script').length,
+    answer: document.querySelectorAll('#ag-lab07_derivation_loc math').length,
     raw: raw,
   };
 }"""
@@ -247,7 +245,7 @@ def test_fetched_feedback_typesets_its_maths_offline(course):
         tab.on("pageerror", lambda error: problems.append(str(error)))
         tab.goto(page_path.as_uri(), wait_until="load")
         facts = tab.evaluate(_MATH_FACTS)
-        tab.wait_for_timeout(500)               # anything MathJax would load late
+        tab.wait_for_timeout(500)               # anything the page would load late
         shots = screenshot_dir(ROOT)
         tab.screenshot(path=str(shots / "feedback_lab07.png"))
         tab.locator("#ag-lab07_derivation_loc").scroll_into_view_if_needed()
@@ -256,9 +254,10 @@ def test_fetched_feedback_typesets_its_maths_offline(course):
     assert guard.blocked == []
     assert requests == [page_path.as_uri()], requests
     assert problems == []
-    assert facts["version"] == "3.2.2"
-    assert facts["errors"] == []
-    assert facts["containers"] >= 20 and facts["svg"] == facts["containers"], facts
+    assert facts["scripts"] == 0
+    assert facts["unconverted"] == []
+    assert facts["formulas"] >= 20 and facts["laid_out"] == facts["formulas"], facts
+    assert page_path.stat().st_size < 300_000, page_path.stat().st_size
     assert facts["answer"] == 3                # ada's display formula and two inline ones
     assert facts["raw"] == [], facts["raw"]     # no formula left as TeX source
 
@@ -310,8 +309,8 @@ def test_template_words_pending_parts_late_penalty_and_comments():
                                         "(3.0 points) summary")
     assert _part_bar(html, "test_cpu") == "Test test_cpu Score: 1.0 / 1.0 summary"
     assert "Comment: Right, and short" in _visible_text(html)
-    assert "$a_{lk}$" in html                  # left for MathJax, which is in the page
-    assert html.count("<script") == 2 and "MathJax" in html
+    assert "$a_{lk}$" not in html and 'alttext="a_{lk}"' in html      # MathML, its TeX kept
+    assert html.count("<math") == 2 and "<script" not in html
     assert not re.search(r"<(script|link)[^>]*\b(src|href)=", html)
 
 
