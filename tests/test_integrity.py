@@ -1,0 +1,205 @@
+"""Grading integrity without a sandbox: the record/replay path, the static rules on the
+notebook's source, and what the grader prints.
+
+Each attack here is one of issue 30's, reproduced in this process the way the grading kernel
+records a check and the grader replays it (``autograde.recording``): the solution's cells run
+in a module, one answer replaced by the attack; the check runs recording, then the grader
+replays it against the record.
+"""
+from __future__ import annotations
+
+import linecache
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nbgrader_helpers import BEGIN_HIDDEN, nbgrader_meta, source_notebook  # noqa: E402
+
+LAB05 = "lab05_forward_correct"
+
+# Lab 05's kernel that computes nothing: it writes zeros into the attention weights it was
+# given and a zero tile into out.  Before private copies, the replay copied the zeroed
+# weights into the grader's inputs and the grader expected zeros: 12 of the kernel's points.
+ZERO_KERNEL = '''
+@triton.jit
+def msda_forward_kernel(value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, out_ptr,
+                        S, Q, M, D,
+                        L: tl.constexpr, K: tl.constexpr,
+                        BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
+    pid_q = tl.program_id(0)
+    pid_bm = tl.program_id(1)
+    b = pid_bm // M
+    m = pid_bm % M
+    offs_q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    mask_q = offs_q < Q
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m
+    zero_q = tl.zeros((BLOCK_Q,), dtype=ACC_DTYPE).to(attn_ptr.dtype.element_ty)
+    for j in tl.static_range(L * K):
+        tl.store(attn_ptr + row_bqm * (L * K) + j, zero_q, mask=mask_q)
+    zero = tl.zeros((BLOCK_Q, BLOCK_D), dtype=ACC_DTYPE).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (row_bqm * D)[:, None] + offs_d[None, :], zero,
+             mask=mask_q[:, None] & mask_d[None, :])
+'''
+
+# sample_level writing zeros into the value rows it reads, and returning a zero tile
+ZERO_SAMPLE = '''
+@triton.jit
+def sample_level(value_ptr, b, m, S, M, D, start, H, W, x, y, mask_q, offs_d, mask_d):
+    x0, dx = corner_coordinate(x, W)
+    y0, dy = corner_coordinate(y, H)
+    tile = tl.zeros((x.shape[0], offs_d.shape[0]), dtype=x.dtype)
+    for corner in tl.static_range(4):
+        r = y0 + corner // 2
+        c = x0 + corner % 2
+        inside = mask_q & (r >= 0) & (r < H) & (c >= 0) & (c < W)
+        row = value_offset(b, level_row(start, r, c, H, W), m, S, M, D)
+        tl.store(value_ptr + row[:, None] + offs_d[None, :], tile,
+                 mask=inside[:, None] & mask_d[None, :])
+    return tile
+'''
+
+
+def _namespace(lab, replace):
+    """The source notebook's cells but graded ones, run in a module, with the answer cells
+    named in ``replace`` ({grade_id: source}) swapped for other code."""
+    nb = nbformat.read(source_notebook(lab), as_version=4)
+    module = types.ModuleType(f"{lab}_integrity")
+    for index, cell in enumerate(nb.cells):
+        meta = nbgrader_meta(cell)
+        if cell.cell_type != "code" or meta.get("grade") or BEGIN_HIDDEN in cell.source:
+            continue
+        if not meta.get("solution") and meta.get("grade_id") not in ("lab05_setup",
+                                                                    "lab05_launcher"):
+            continue
+        source = replace.get(meta.get("grade_id"), cell.source)
+        name = f"<{lab} integrity cell {index}>"
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        exec(compile(source, name, "exec"), module.__dict__)       # noqa: S102
+    return module.__dict__
+
+
+def _record_and_replay(check, functions, secret="integrity"):
+    """Run ``check`` as the grading kernel runs it (recording), then as the grader replays it;
+    returns (what the kernel side raised or None, what the replay raised or None)."""
+    from autograde import recording
+
+    recording._mode, recording._base_seed, recording._counter = "record", secret, 0
+    recording._events = []
+    in_kernel = None
+    try:
+        check(*functions.values())
+    except AssertionError as exc:
+        in_kernel = exc
+    finally:
+        events, recording._events, recording._mode = recording._events, [], None
+    context = recording.ReplayContext(events, secret)
+    proxies = [recording.Proxy(context, name) for name in functions]
+    try:
+        recording.replay_check(check, proxies, {}, context)
+    except AssertionError as exc:
+        return in_kernel, exc, events
+    return in_kernel, None, events
+
+
+@pytest.mark.parametrize("check_name,grade_id,source,function,written", [
+    ("check_forward_inside", "lab05_kernel", ZERO_KERNEL, "msda_forward", "attention_weights"),
+    ("check_sample_level", "lab05_sample_level", ZERO_SAMPLE, "sample_level_tester",
+     "value_ptr"),
+])
+def test_lab05_kernel_that_zeroes_its_inputs_fails(check_name, grade_id, source, function,
+                                                   written):
+    """Issue 30's 23/23 for a kernel that computes nothing: it zeroes the inputs the
+    expectation was computed from.  The function now runs on private copies (or, a Triton
+    kernel, on inputs restored after it), the call fails as that mistake in the kernel, and
+    the replay fails it too even when the kernel sends the same record without failing."""
+    from autograde import recording
+    from autograde.checks import lab05
+
+    namespace = _namespace(LAB05, {grade_id: source})
+    check = getattr(lab05, check_name)
+    name = "msda_forward" if check_name != "check_sample_level" else "sample_level"
+    in_kernel, replayed, events = _record_and_replay(check, {name: namespace[name]})
+    assert isinstance(in_kernel, recording.InputChanged), in_kernel
+    assert f"{function}: your code wrote into {written}" in str(in_kernel), str(in_kernel)
+    assert isinstance(replayed, recording.InputChanged), replayed
+    assert "wrote into" in str(replayed)
+    # a record from a kernel whose recorder was silenced (no "wrote" note, the zeroed input
+    # sent as a changed argument): the replay copies nothing into its inputs and fails
+    forged = []
+    for ev in events:
+        ev = dict(ev)
+        if ev.get("e") == "call" and ev.get("wrote"):
+            ev.pop("wrote")
+            where = 4 if check_name != "check_sample_level" else 0
+            ev["mut"] = list(ev.get("mut") or []) + [[where, ev.get("result")
+                                                      or {"$t": "none"}]]
+        forged.append(ev)
+    context = recording.ReplayContext(forged, "integrity")
+    with pytest.raises(AssertionError):
+        recording.replay_check(check, [recording.Proxy(context, name)], {}, context)
+
+
+def test_honest_lab05_kernel_still_passes_record_and_replay():
+    from autograde.checks import lab05
+
+    namespace = _namespace(LAB05, {})
+    in_kernel, replayed, _ = _record_and_replay(lab05.check_forward_inside,
+                                                {"msda_forward": namespace["msda_forward"]})
+    assert in_kernel is None and replayed is None, (in_kernel, replayed)
+
+
+def test_private_copy_keeps_strides_and_leaves():
+    from autograde import recording
+
+    base = torch.randn(4, 6, 2)
+    strided = torch.stack([base] * 2, -1)[..., 1]                  # gaps between elements
+    copy = recording.private_copy(strided)
+    assert copy.stride() == strided.stride() and torch.equal(copy, strided)
+    assert copy.data_ptr() != strided.data_ptr()
+    leaf = torch.randn(3, requires_grad=True)
+    copy = recording.private_copy(leaf)
+    assert copy.requires_grad and copy.is_leaf and copy.data_ptr() != leaf.data_ptr()
+    expanded = torch.randn(3, 1).expand(3, 5)                      # overlapping: a clone
+    assert torch.equal(recording.private_copy(expanded), expanded)
+
+
+def test_python_function_gets_private_copies_and_a_write_is_named():
+    """A Python function writing into an input: the check's tensor is untouched, the call
+    fails naming the argument, in the kernel and in the replay."""
+    from autograde import recording
+    from autograde.checks.common import forbid_references, fresh_generator, judging
+
+    def check(fn):
+        gen = fresh_generator()
+        x = torch.randn(5, generator=gen)
+        weights = torch.rand(5, generator=gen)
+        keep = x.clone()
+        with forbid_references(fn):
+            got = fn(x, weights)
+        assert torch.equal(x, keep), "the check's own tensor changed"
+        if judging():
+            assert torch.allclose(got, x * weights)
+
+    def honest(x, weights):
+        return x * weights
+
+    def sneaky(x, attention_weights):
+        attention_weights.zero_()
+        x.zero_()
+        return torch.zeros_like(x)
+
+    assert _record_and_replay(check, {"fn": honest})[:2] == (None, None)
+    in_kernel, replayed, _ = _record_and_replay(check, {"fn": sneaky})
+    assert isinstance(in_kernel, recording.InputChanged)
+    assert "sneaky: your code wrote into x," in str(in_kernel)
+    assert isinstance(replayed, recording.InputChanged)
+
