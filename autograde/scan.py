@@ -47,30 +47,95 @@ def _under(name, prefix):
 _DEFINED = {}
 
 
-def _defining_module(dotted):
+def _package_dir(root):
+    """The folder of top-level package ``root`` (found, never imported), or None."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(root)
+    except (ImportError, ValueError):
+        return None
+    locations = list(getattr(spec, "submodule_search_locations", None) or []) if spec else []
+    return locations[0] if locations else None
+
+
+def _module_file(module):
+    """The source file of dotted ``module`` inside its package's folder, or None."""
+    import os
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return None
+    base = _package_dir(parts[0])
+    if base is None:
+        return None
+    path = os.path.join(base, *parts[1:])
+    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _module_tree(module):
+    path = _module_file(module)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _defining_module(dotted, depth=0):
     """The module that defines what ``dotted`` names (``source_kernels.chips.lab05.msda_forward``
-    -> ``source_kernels.forward``, a chip re-exporting a kernel), or None.  Imports only
-    modules under the forbidden prefixes, in the grader's process."""
+    -> ``source_kernels.forward``, a chip re-exporting a kernel), or None.  Read from the
+    packages' source files: nothing a student's string names is ever imported."""
     if dotted in _DEFINED:
         return _DEFINED[dotted]
-    import importlib
-    parts = dotted.split(".")
     found = None
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except Exception:                          # noqa: BLE001
-            continue
-        try:
-            for part in parts[cut:]:
-                obj = getattr(obj, part)
-        except AttributeError:
-            break
-        target = getattr(obj, "fn", obj) if hasattr(obj, "run") else obj
-        found = getattr(target, "__module__", None) if cut < len(parts) else obj.__name__
-        break
+    parts = dotted.split(".")
+    if depth < 8 and all(p.isidentifier() for p in parts):
+        if _module_file(dotted) is not None:
+            found = dotted
+        else:
+            for cut in range(len(parts) - 1, 0, -1):
+                module = ".".join(parts[:cut])
+                tree = _module_tree(module)
+                if tree is None:
+                    continue
+                found = _binding_origin(tree, module, parts[cut], depth)
+                break
     _DEFINED[dotted] = found
     return found
+
+
+def _binding_origin(tree, module, name, depth):
+    """Where top-level ``name`` of ``module`` (parsed as ``tree``) comes from."""
+    origin = None
+    package = module if _module_file(module).endswith("__init__.py") else \
+        module.rpartition(".")[0]
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                node.name == name:
+            origin = module
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                origin = module
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) != name:
+                    continue
+                source = node.module or ""
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                    source = ".".join(base + ([source] if source else []))
+                origin = _defining_module(f"{source}.{alias.name}", depth + 1) or source
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname == name:
+                    origin = alias.name
+    return origin
 
 
 def _matches(name, forbidden, allowed):

@@ -203,3 +203,28 @@ def test_python_function_gets_private_copies_and_a_write_is_named():
     assert "sneaky: your code wrote into x," in str(in_kernel)
     assert isinstance(replayed, recording.InputChanged)
 
+
+def test_static_scan_never_imports_what_a_string_names():
+    """Issue 30: a string "autograde.__main__" in an answer made the scan import that module in
+    the grader (which exited, and the students after the attacker went ungraded).  The scan
+    resolves re-exports from the packages' source files; and ``python -m autograde`` alone
+    runs the command line (the module has a main guard)."""
+    from autograde import labs, scan
+
+    forbidden, allowed = labs.forbidden_names("lab05_forward_correct")
+    before = set(sys.modules)
+    cells = [("import torch", False),
+             ('def msda_forward(*a):\n    return "autograde.__main__", "autograde.cli", '
+              '"source_kernels.bench", "source_kernels.chips.lab05.msda_forward"', True)]
+    tainted = scan.tainted_names(cells, forbidden, allowed + ("source_kernels.forward",))
+    assert "msda_forward" in tainted
+    assert not {"autograde.__main__", "autograde.cli", "source_kernels.bench"} & \
+        (set(sys.modules) - before)
+    # a re-export of an allowed module is found from the source alone
+    assert scan._defining_module("source_kernels.chips.lab05.msda_forward") == \
+        "source_kernels.forward"
+    assert scan._defining_module("source_kernels.chips.lab01.msda_naive") == \
+        "source_kernels.reference"
+    import importlib
+    main = importlib.import_module("autograde.__main__")      # imported, it does not exit
+    assert callable(main.main)
