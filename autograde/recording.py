@@ -9,8 +9,11 @@ In the grading kernel (``install_in_kernel``, run by the sandbox before any cell
 - ``next_seed()`` hands every hidden check's ``fresh_generator()`` a seed derived from a
   per-run secret the grader chose (``AUTOGRADE_SEED``) and a counter, and notes the counter;
 - ``session(functions)`` (entered by ``common.forbid_references``) records every call of the
-  student's functions made inside it: the value returned or the exception raised, the
-  tensor arguments the call changed in place, and the Triton kernels it launched;
+  student's functions made inside it: the value returned or the exception raised, what the
+  call wrote into the output buffers the check declared (``writes``: a Triton kernel's
+  outputs), the inputs it wrote into (by name only: such a call fails), and the Triton
+  kernels it launched.  A Python function runs on private copies of its tensor arguments, so
+  nothing it does to them reaches the check's own;
 - after each cell, the notes go out as one display output of type :data:`MIME`.
 
 In the grader (``replay_check``): the grader imports the same check module from the course
@@ -18,7 +21,10 @@ In the grader (``replay_check``): the grader imports the same check module from 
 check again, with the student's function replaced by a stand-in that returns what the kernel
 recorded.  The check's own comparisons then run on the grader's expected values: a kernel that
 cheated its in-kernel comparison is caught, a kernel that sent invented records needs the
-right outputs for inputs it could not choose, and a kernel that sent nothing fails.
+right outputs for inputs it could not choose, and a kernel that sent nothing fails.  The
+replay copies a recorded write only into an output the check declared; a recorded change of
+any other argument fails the call (``InputChanged``), so the grader's expectation is always
+computed from its own untouched inputs.
 """
 from __future__ import annotations
 
