@@ -228,3 +228,194 @@ def test_static_scan_never_imports_what_a_string_names():
     import importlib
     main = importlib.import_module("autograde.__main__")      # imported, it does not exit
     assert callable(main.main)
+
+
+# ------------------------------------------------------------------ code not from the cells
+MARSHALLED = '''
+import base64, marshal, zlib
+from types import FunctionType
+_blob = "eJzLSM3JyVcozy/KSQEAGgQEXQ=="
+_code = marshal.loads(zlib.decompress(base64.b64decode(_blob)))
+msda_naive = FunctionType(_code, globals())
+'''
+EXEC_COMPRESSED = '''
+import base64 as _b, zlib as _z
+exec(_z.decompress(_b.b64decode("eJwrSS0u0cvMS8vJLypRyE0syUhNTFHIL8pJTS1WSEksSQQAl+AJ3A==")))
+'''
+FROM_HELPER = "from helper import msda_naive\n"
+RELATIVE = "from .helper import msda_naive\n"
+COMPUTED_GETATTR = '''
+import source_kernels.inputs as _inputs
+
+def msda_naive(*args):
+    return getattr(_inputs, "".join(["make", "_inputs"]))(*args)
+'''
+COMPUTED_IMPORT = '''
+import importlib
+
+def msda_naive(*args):
+    return importlib.import_module("source_kernels." + "reference").msda_naive(*args)
+'''
+LAB07_AUTOGRAD_IN_A_LIST = '''
+import threading
+import torch
+_saved = [torch.autograd.grad, torch.Tensor.requires_grad_]
+_table = {"g": _saved[0], "r": _saved[1]}
+
+def grad_attention_weights(grad_output, value, spatial_shapes, level_start_index,
+                           sampling_locations, attention_weights):
+    box = {}
+    def run():
+        w = _table["r"](attention_weights.detach().double())
+        box["g"] = w
+    t = threading.Thread(target=run)
+    t.start(); t.join()
+    return box["g"]
+'''
+
+
+def _lab_cells(lab, grade_id, source):
+    from nbgrader import utils
+
+    nb = nbformat.read(source_notebook(lab), as_version=4)
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        gid = nbgrader_meta(cell).get("grade_id")
+        text = source if gid == grade_id else cell.source
+        cells.append((text, not utils.is_locked(cell), f"cell {gid}"))
+    return cells
+
+
+@pytest.mark.parametrize("lab", sorted(p.name for p in (Path(__file__).resolve().parents[1] /
+                                                        "assignments").glob("lab*")))
+def test_honest_solutions_bring_in_no_foreign_code(lab):
+    """Every lab's own solution passes the static rule (the lab 07 rule included)."""
+    from nbgrader import utils
+
+    from autograde import labs, scan
+    nb = nbformat.read(source_notebook(lab), as_version=4)
+    cells = [(c.source, not utils.is_locked(c), "cell") for c in nb.cells
+             if c.cell_type == "code"]
+    assert scan.foreign_code(cells, by_hand=labs.by_hand(lab)) == ({}, None)
+
+
+@pytest.mark.parametrize("lab,grade_id,source,name,what", [
+    ("lab01_the_spec", "lab01_msda_naive", MARSHALLED, "msda_naive", "globals"),
+    ("lab01_the_spec", "lab01_msda_naive", FROM_HELPER, None, None),
+    ("lab01_the_spec", "lab01_msda_naive", RELATIVE, "msda_naive", "relative import"),
+    ("lab01_the_spec", "lab01_msda_naive", COMPUTED_GETATTR, "msda_naive", "getattr"),
+    ("lab01_the_spec", "lab01_msda_naive", COMPUTED_IMPORT, "msda_naive", "importlib"),
+    ("lab07_the_other_direction", "lab07_grad_attn", LAB07_AUTOGRAD_IN_A_LIST,
+     "grad_attention_weights", "threading"),
+])
+def test_foreign_code_is_found_in_the_notebook_source(lab, grade_id, source, name, what):
+    from autograde import labs, scan
+
+    names, from_cell = scan.foreign_code(_lab_cells(lab, grade_id, source),
+                                         by_hand=labs.by_hand(lab))
+    if name is None:
+        # an import of a module the course does not have: the sandbox binds no file of the
+        # submission, so it fails in the kernel (tests/test_cheats.py grades it)
+        assert names == {} and from_cell is None
+        return
+    assert name in names and what in names[name], names
+    assert f"cell {grade_id}" in names[name]
+
+
+def test_a_bare_exec_makes_every_later_stage_suspect():
+    from autograde import scan
+
+    names, from_cell = scan.foreign_code(_lab_cells("lab01_the_spec", "lab01_msda_naive",
+                                                    EXEC_COMPRESSED))
+    assert from_cell is not None and "exec" in from_cell[1] and "lab01_msda_naive" in \
+        from_cell[1], from_cell
+
+
+def test_lab07_autograd_is_named_even_without_threads():
+    from autograde import scan
+
+    source = ("import torch\n_g = [torch.autograd.grad]\n\ndef grad_value(*a):\n"
+              "    return _g[0](*a)\n")
+    names, _ = scan.foreign_code([(source, True, "cell lab07_grad_value")], by_hand=True)
+    assert "autograd" in names["grad_value"], names
+    assert scan.foreign_code([(source, True, "cell x")], by_hand=False) == ({}, None)
+
+
+# ------------------------------------------------------------------ what the grader prints
+ESCAPES = "\x1b[2J\x1b[1A\x1b]0;owned\x07\x1b]52;c;ZWNobyBoaQ==\x07\r\u202e"
+
+
+def test_reasons_and_report_rows_carry_no_control_characters():
+    """A forged record's exception text (terminal escapes: clear, cursor up, window title,
+    clipboard) reaches the ledger as a verdict message; the reasons and the report print it
+    written out, never as escapes."""
+    import io
+
+    from autograde import cli, status
+    entry = {"state": "done", "notebooks": {"lab01": {"verdicts": {
+        "lab01_hidden": {"verdict": "needs_review",
+                         "message": "the grader's replay failed: " + ESCAPES + "10/10 graded"}},
+        "incidents": [{"cell": 3, "grade_id": "x\x1b[31m", "what": "output limit" + ESCAPES}]}}}
+    state, reasons = status.summarize(entry)
+    assert state == "needs_review"
+    text = "; ".join(reasons)
+    assert not any(ord(ch) < 32 or ch == "\u202e" for ch in text), text
+    assert "\\x1b[2J" in text and "\\x07" in text and "\\u202e" in text
+    out = io.StringIO()
+    cli._print_report([{"student_id": "eve" + ESCAPES, "score": 10.0, "max_score": 10.0,
+                        "status": "graded", "reasons": text + ESCAPES}], out=out)
+    printed = out.getvalue()
+    assert printed.count("\n") == 2                          # the header and one row
+    assert not any(ord(ch) < 32 and ch != "\n" for ch in printed), printed
+    assert "eve\\x1b[2J" in printed
+
+
+def test_verify_messages_are_escaped_where_they_are_made():
+    """The verdict a cell gets (kept in the notebook, the ledger and the feedback page) goes
+    through the same escaping, newlines kept."""
+    from autograde import status
+    message = status.printable("line 1\nline 2" + ESCAPES, limit=3000, newlines=True)
+    assert message.startswith("line 1\nline 2\\x1b[2J") and "\x1b" not in message
+
+
+# ------------------------------------------------------------------ true time-outs
+def test_output_deadline_is_the_cells_limit_and_short_only_after_a_real_timeout():
+    """nbclient waits ``iopub_timeout`` s after a cell's reply for the rest of its output.  At
+    5 s a loaded host failed correct cells (reported as the course's timeout); now it is the
+    cell's own limit, and the interrupt's grace only once the cell really ran out of time."""
+    import asyncio
+
+    from nbclient import NotebookClient
+    from autograde.config import AutogradeSettings
+    from autograde.execute import SandboxedExecute
+    ex = SandboxedExecute()
+    ex._settings = AutogradeSettings()
+    ex.timeout = 240
+    assert ex._output_deadline() == 240
+    ex.timeout = 10
+    assert ex._output_deadline() == 60
+
+    async def parent(self, timeout, cell=None):
+        return None
+    original = NotebookClient._async_handle_timeout
+    NotebookClient._async_handle_timeout = parent
+    try:
+        asyncio.run(ex._async_handle_timeout(240))
+    finally:
+        NotebookClient._async_handle_timeout = original
+    assert ex._timed_out and ex.iopub_timeout == 5
+
+
+def test_one_import_statement_taints_only_the_modules_it_flags():
+    """``import base64, marshal, math`` in a cheat's cell flags marshal, not math: the honest
+    functions of other stages that use math are not sent to review with it."""
+    from autograde import scan
+
+    cells = [("import math\n\ndef corner(x):\n    return math.floor(x)\n", True, "cell a"),
+             ("import base64, marshal, math\n_code = marshal.loads(b'')\n\n"
+              "def sneaky():\n    return _code\n", True, "cell b")]
+    names, from_cell = scan.foreign_code(cells)
+    assert "corner" not in names and "math" not in names, names
+    assert {"marshal", "_code", "sneaky"} <= set(names) and from_cell is None
