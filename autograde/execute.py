@@ -312,13 +312,14 @@ class SandboxedExecute(Execute):
                 entry["output_dropped_bytes"] = self._dropped
                 whole = getattr(self, "_dropped_notebook", False)
                 limit = (f"{self._settings.notebook_output_limit_kb} KiB for the whole "
-                         "notebook" if whole else f"{self._settings.output_limit_kb} KiB per cell")
+                         "notebook" if whole else f"{self._settings.output_limit_kb} KiB")
                 cell.outputs.append(NotebookNode(
                     output_type="stream", name="stdout",
                     text=f"\n[autograde: {self._dropped} bytes of output beyond "
                          f"{limit} were dropped]\n"))
                 self._incident(index, cell, f"output limit: {self._dropped} bytes dropped "
-                                            f"(the limit is {limit})", "output limit")
+                                            f"(the limit is {limit}"
+                                            + (")" if whole else " per cell)"), "output limit")
                 self._dropped_notebook = False
         if self._timed_out:
             entry["timeout"] = True

@@ -202,8 +202,6 @@ class VerifyChecks(NbGraderPreprocessor):
             gid = cell.metadata.nbgrader.get("grade_id")
             verdict = self._verify_cell(cell, gid, tags.get(gid, set()), environment,
                                         cells_info.get(str(index), {}), seeds, tainted)
-            if verdict["verdict"] == "pass":
-                verdict = self._foreign_verdict(cell, position[index]) or verdict
             # the message may quote what the kernel sent (an exception's text): no control
             # character of it reaches the notebook, the ledger, a terminal or a page
             verdict["message"] = printable(verdict.get("message", ""), limit=3000,
@@ -224,6 +222,18 @@ class VerifyChecks(NbGraderPreprocessor):
                     f"\n[autograde: not gradable here: {verdict['message']}; this cell "
                     "will be graded on a GPU host]\n"))
         self._check_kernels(nb, reference, verdicts)
+        for index, cell in enumerate(nb.cells):
+            verdict = cell.get("metadata", {}).get("autograde", {}).get("verdict")
+            if not verdict or verdict["verdict"] != "pass":
+                continue
+            foreign = self._foreign_verdict(cell, position[index])
+            if foreign is not None:
+                verdict.clear()
+                verdict.update(foreign)
+                cell.outputs = [o for o in cell.outputs             # no partial credit left
+                                if o.get("output_type") != "execute_result"]
+                cell.outputs.append(_error(foreign["ename"], foreign["message"]))
+                verdicts[cell.metadata.nbgrader.get("grade_id")] = verdict
         if settings.visible_points == "tied":
             self._tie_visible_cells(nb, verdicts)
         return nb, resources
@@ -346,6 +356,9 @@ class VerifyChecks(NbGraderPreprocessor):
             message = (bad[hit[0]] + ": the grader cannot tell that the kernel computed what "
                        "the check received")
             verdict.update(verdict="needs_review", ename="VerificationFailed", message=message)
+            verdict.pop("partial", None)
+            cell.outputs = [o for o in cell.outputs             # nbgrader reads the first
+                            if o.get("output_type") != "execute_result"]   # of result/error
             cell.outputs.append(_error("VerificationFailed", message))
             verdicts[cell.metadata.nbgrader.get("grade_id")] = verdict
 
