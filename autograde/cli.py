@@ -57,17 +57,24 @@ def report_rows(root, assignment):
 
 
 def _print_report(rows, out=sys.stdout):
+    """One line per submission; every field escaped (``status.printable``): a student's folder
+    name or a reason carrying terminal escapes cannot redraw another row."""
+    from .status import printable
     if not rows:
         out.write("no submissions\n")
         return
-    width = max(len(r["student_id"]) for r in rows)
+    names = [printable(r["student_id"], limit=100) for r in rows]
+    width = max(len(n) for n in names)
     out.write(f"{'student':<{width}}  {'score':>8}  status\n")
-    for r in rows:
+    for name, r in zip(names, rows):
         score = r.get("score", "")
-        score = f"{float(score):g}/{float(r['max_score']):g}" if score != "" else "-"
-        out.write(f"{r['student_id']:<{width}}  {score:>8}  {r['status']}")
+        try:
+            score = f"{float(score):g}/{float(r['max_score']):g}" if score != "" else "-"
+        except (TypeError, ValueError):
+            score = printable(score, limit=20)
+        out.write(f"{name:<{width}}  {score:>8}  {printable(r['status'], limit=40)}")
         if r.get("reasons"):
-            out.write(f"  ({r['reasons']})")
+            out.write(f"  ({printable(r['reasons'], limit=20000)})")
         out.write("\n")
 
 

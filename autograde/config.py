@@ -47,6 +47,10 @@ class AutogradeSettings(Configurable):
     open_files = Int(256, help="Open files per kernel process.").tag(config=True)
     tmp_mb = Int(512, help="Size of the kernel's private /tmp, /dev/shm and working folder "
                            "(MiB each).").tag(config=True)
+    tmp_inodes = Int(65536, help=(
+        "Files and folders each of the kernel's writable folders (/tmp, /dev/shm, its working "
+        "folder) may hold; each is a tmpfs of tmp_mb MiB and this many inodes of its own, so "
+        "that a flood of empty files stops there (named: folder limit).")).tag(config=True)
     threads = Int(0, help="Threads for torch/OpenMP in a kernel; 0: cores / parallel "
                           "workers.").tag(config=True)
     timeout = Int(0, help="Seconds per cell; 0: the lab's default (autograde/labs.py)."
@@ -62,6 +66,20 @@ class AutogradeSettings(Configurable):
                        ).tag(config=True)
     output_limit_kb = Int(512, help="Output kept per cell (KiB); the rest is dropped and "
                                     "the cell says so.").tag(config=True)
+    grader_memory_mb = Int(8192, help=(
+        "Data-segment limit (MiB) of each worker process of `python -m autograde grade` (the "
+        "grader's side: nbgrader, the replay of the checks); 0: none.  A submission whose "
+        "grading goes past it is reported ungradable with this limit named, and the other "
+        "workers go on.")).tag(config=True)
+    notebook_output_limit_kb = Int(16384, help=(
+        "Output kept per notebook (KiB, all its cells together, records excluded); past it, "
+        "every further output is dropped and the incident says so.")).tag(config=True)
+    notebook_record_limit_mb = Int(256, help=(
+        "Check records kept per notebook (MiB, all cells together); a record past it is "
+        "dropped, and its cell goes to review.")).tag(config=True)
+    submission_limit_mb = Int(32, help=(
+        "Largest submitted notebook (MiB): a larger one is ungradable, named as such, and "
+        "never run.")).tag(config=True)
     extra_python_paths = List(Unicode(), help=(
         "More folders the kernel and the grader import from (check packages outside "
         "autograde/).")).tag(config=True)

@@ -101,8 +101,19 @@ class SandboxedExecute(Execute):
         # nbgrader's own --Execute.timeout, when given, wins over the lab's default
         self.timeout = self._cell_timeout = self.timeout if explicit and self.timeout else \
             settings.timeout_for(assignment)
-        self.iopub_timeout = max(1, int(round(settings.interrupt_grace)))
+        self.iopub_timeout = self._output_deadline()
         self.shutdown_kernel = "immediate"
+        size = len(json.dumps(nb))
+        if settings.submission_limit_mb and size > settings.submission_limit_mb * 2 ** 20:
+            why = (f"the notebook is {size / 2 ** 20:.1f} MiB, over the submission size limit "
+                   f"of {settings.submission_limit_mb} MiB: it was not run")
+            for cell in nb.cells:
+                if cell.cell_type == "code":
+                    cell.outputs = [_error("CellNotRun", why)]
+            status.note_failure(os.getcwd(), settings, assignment, student, why)
+            resources.setdefault("autograde", {}).update(cells={}, incidents=[], seeds={},
+                                                        kernels=[])
+            return nb, resources
         environment = resolve_environment(settings)
         mode = resolve_sandbox(settings, self.log)
         self._worker = int(os.environ.get("AUTOGRADE_WORKER", "0") or 0)
@@ -119,6 +130,8 @@ class SandboxedExecute(Execute):
         self.info.update(environment=environment, sandbox=mode, timeout=self.timeout,
                          cells={}, incidents=[], seeds={}, kernels=[])
         self._setup = None
+        self._whole = None
+        self._dropped_notebook = False
         self._incarnation = 0
         self._restarts = 0
         self._failed = set()
@@ -150,7 +163,8 @@ class SandboxedExecute(Execute):
         self.info["kernels"].append(kernel)
         if self._incarnation == 1:
             student, notebook, environment, mode, settings = self._describe
-            self.log.info("%s/%s: %s", student, notebook,
+            self.log.info("%s/%s: %s", status.printable(student, limit=100),
+                          status.printable(notebook, limit=200),
                           describe(environment, mode, settings, self.timeout, self._setup.uid))
         else:
             self.log.info("kernel %d runs as uid %s", self._incarnation, self._setup.uid)
@@ -218,6 +232,7 @@ class SandboxedExecute(Execute):
                 setup = index < answer and nbutils.is_locked(cell) and \
                     not nbutils.is_grade(cell)
                 self.timeout = self._settings.setup_timeout if setup else self._cell_timeout
+                self.iopub_timeout = self._output_deadline()
                 if cell.cell_type != "code" or not cell.source.strip():
                     continue
                 if gave_up is not None:
@@ -244,7 +259,16 @@ class SandboxedExecute(Execute):
         if limit:
             entry["limit"] = limit
         self.info["incidents"].append(entry)
-        self.log.warning("cell %s%s: %s", index, f" ({gid})" if gid else "", text)
+        self.log.warning("cell %s%s: %s", index, f" ({status.printable(gid, limit=64)})" if gid
+                         else "", status.printable(text))
+
+    def _output_deadline(self):
+        """Seconds nbclient waits, after a cell's reply, for the rest of its output (the
+        kernel's idle message).  Not a time limit of the cell: on a loaded host the output
+        of a correct cell can trail its reply by many seconds, so the deadline is the cell's
+        own time limit (at least a minute); only after a real timeout, once the kernel has
+        been interrupted, is it the interrupt's grace."""
+        return max(60, int(self.timeout or 0))
 
     async def _run_cell(self, cell, index, entry):
         """Run one cell; None if the kernel is still usable, else what went wrong."""
@@ -254,6 +278,16 @@ class SandboxedExecute(Execute):
         try:
             await self.async_execute_cell(cell, index, store_history=True)
         except CellTimeoutError:
+            if not self._timed_out:
+                # the cell ended (its reply came) but its output stopped arriving: not a
+                # timeout of the cell, and said as what it is
+                entry["output_stalled"] = True
+                wait = self.iopub_timeout
+                cell.outputs.append(_error(
+                    "OutputStalled", f"the cell finished, but its output did not arrive "
+                                     f"within {wait} s after it; the kernel was restarted"))
+                return (f"the cell finished but its output did not arrive within {wait} s "
+                        "after it (not a timeout of the cell)"), None
             entry["timeout"] = entry["unresponsive"] = True
             cell.outputs.append(_error(
                 "CellTimeoutError", f"the cell ran past {self.timeout} s and did not stop when "
@@ -276,12 +310,17 @@ class SandboxedExecute(Execute):
             entry["seconds"] = round(time.monotonic() - started, 3)
             if self._dropped:
                 entry["output_dropped_bytes"] = self._dropped
+                whole = getattr(self, "_dropped_notebook", False)
+                limit = (f"{self._settings.notebook_output_limit_kb} KiB for the whole "
+                         "notebook" if whole else f"{self._settings.output_limit_kb} KiB")
                 cell.outputs.append(NotebookNode(
                     output_type="stream", name="stdout",
                     text=f"\n[autograde: {self._dropped} bytes of output beyond "
-                         f"{self._settings.output_limit_kb} KiB were dropped]\n"))
-                self._incident(index, cell, f"output limit: {self._dropped} bytes dropped",
-                               "output limit")
+                         f"{limit} were dropped]\n"))
+                self._incident(index, cell, f"output limit: {self._dropped} bytes dropped "
+                                            f"(the limit is {limit}"
+                                            + (")" if whole else " per cell)"), "output limit")
+                self._dropped_notebook = False
         if self._timed_out:
             entry["timeout"] = True
             self._failed.add(index)
@@ -316,6 +355,7 @@ class SandboxedExecute(Execute):
             self._timed_out = False
             self.timeout = self._settings.setup_timeout if j < first_answer(self.nb) \
                 else self._cell_timeout
+            self.iopub_timeout = self._output_deadline()
             try:
                 await self.async_execute_cell(scratch, j, store_history=False)
             except (CellTimeoutError, DeadKernelError):
@@ -324,10 +364,14 @@ class SandboxedExecute(Execute):
                 self.nb.cells[j] = original
             if self._timed_out:
                 return False, f"rebuilding the state after a restart failed at cell {j}"
+            self.iopub_timeout = self._output_deadline()
         return True, ""
 
     async def _async_handle_timeout(self, timeout, cell=None):
+        """A real timeout: the cell ran past its limit.  The kernel is interrupted; it then
+        has the interrupt's grace to go idle before it counts as one that ignored it."""
         self._timed_out = True
+        self.iopub_timeout = max(1, int(round(self._settings.interrupt_grace)))
         return await super()._async_handle_timeout(timeout, cell)
 
     # ------------------------------------------------------------------ output cap
@@ -347,15 +391,27 @@ class SandboxedExecute(Execute):
                 size = sum(len(v) if isinstance(v, str) else len(json.dumps(v))
                            for v in data.values())
             budgets = self._budgets_for(cell_index)
+            whole = self._notebook_budgets()
             key = "record" if is_record else "output"
-            if size > budgets[key]:
+            if size > budgets[key] or size > whole[key]:
                 if not is_record:
                     self._dropped = getattr(self, "_dropped", 0) + size
+                    if size > whole[key]:
+                        self._dropped_notebook = True
                 else:
                     budgets["record_overflow"] = True
                 return None
             budgets[key] -= size
+            whole[key] -= size
         return super().process_message(msg, cell, cell_index)
+
+    def _notebook_budgets(self):
+        """What is left of the whole notebook's output and records (bytes): a submission of
+        many cells, each just under the cell's cap, stops at the notebook's."""
+        if getattr(self, "_whole", None) is None:
+            self._whole = {"output": self._settings.notebook_output_limit_kb * 1024,
+                           "record": self._settings.notebook_record_limit_mb * 2 ** 20}
+        return self._whole
 
     def _budgets_for(self, cell_index):
         if not hasattr(self, "_budgets") or self._budgets[0] != cell_index:

@@ -113,6 +113,7 @@ class KernelSetup:
             "HOME": "/tmp/home", "USER": "student", "LOGNAME": "student",
             "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": "/tmp",
             "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+            "PYTHONSAFEPATH": "1",
             "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib",
             "TRITON_CACHE_DIR": "/tmp/triton", "IPYTHONDIR": "/tmp/ipython",
             "JUPYTER_RUNTIME_DIR": "/tmp/jupyter", "XDG_CACHE_HOME": "/tmp/cache",
@@ -162,7 +163,8 @@ class KernelSetup:
         spec = {"mode": self.mode, "uid": self.uid, "python": sys.executable, "ro_paths": ro,
                 "binds": [[self.view, VIEW_PATH]], "masks": masks,
                 "cwd": None, "sock_dir": self.sock_dir, "env": env, "limits": limits,
-                "tmp_mb": s.tmp_mb, "gpu": self.environment == "gpu",
+                "tmp_mb": s.tmp_mb, "tmp_inodes": s.tmp_inodes,
+                "gpu": self.environment == "gpu",
                 "kernel_args": [
                     "--IPKernelApp.exec_lines=import autograde.recording as _autograde_rec; "
                     "_autograde_rec.install_in_kernel(); del _autograde_rec"]}

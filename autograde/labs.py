@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["lab_number", "default_timeout", "forbidden_names", "kernel_view", "KERNEL_VIEW"]
+__all__ = ["lab_number", "default_timeout", "forbidden_names", "kernel_view", "KERNEL_VIEW",
+           "by_hand"]
 
 # seconds per cell, by lab number; labs not listed get DEFAULT_TIMEOUT
 TIMEOUTS = {0: 60, 1: 60, 2: 60, 3: 60, 4: 120, 5: 240, 6: 240, 7: 180, 8: 240, 9: 180, 10: 300}
@@ -33,6 +34,15 @@ def lab_number(assignment_id: str):
 def default_timeout(assignment_id: str) -> int:
     number = lab_number(assignment_id)
     return TIMEOUTS.get(number, DEFAULT_TIMEOUT) if number is not None else DEFAULT_TIMEOUT
+
+
+# labs whose gradients must be written by hand: autograd in an answer is code the student did
+# not write (the grader's static look at the notebook, ``scan.foreign_code``)
+BY_HAND = (7,)
+
+
+def by_hand(assignment_id: str) -> bool:
+    return lab_number(assignment_id) in BY_HAND
 
 
 def forbidden_names(assignment_id: str, extra=(), allowed=()):

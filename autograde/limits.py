@@ -17,13 +17,14 @@ import signal
 __all__ = ["from_error", "from_exit", "LIMITS"]
 
 LIMITS = ("memory limit", "process limit", "file-size limit", "CPU-time limit", "time limit",
-          "output limit")
+          "output limit", "folder limit")
 
 _MEMORY = ("can't allocate memory", "cannot allocate memory", "out of memory",
            "std::bad_alloc", "memoryerror", "not enough memory")
 _PROCESSES = ("resource temporarily unavailable", "can't start new thread",
               "pthread_create", "fork: retry", "errno 11]")
 _FILE_SIZE = ("file too large", "errno 27]")
+_FOLDER = ("no space left on device", "errno 28]")
 
 
 def _has(text, needles):
@@ -48,6 +49,11 @@ def from_error(ename, evalue, settings):
     if ename == "FileTooLarge" or _has(both, _FILE_SIZE):
         return "file-size limit", (f"file-size limit: a file grew past {settings.file_mb} MiB "
                                    f"({both[:120]})")
+    if _has(both, _FOLDER):
+        return "folder limit", (f"folder limit: a writable folder of the kernel is full (at "
+                                f"most {settings.tmp_mb} MiB and {settings.tmp_inodes} files "
+                                f"each in /tmp, /dev/shm and the working folder; "
+                                f"{both[:120]})")
     return None
 
 

@@ -115,8 +115,29 @@ def _init_worker(root, assignment, counter, workers, log_dir, sqlite=True):
         os.environ["AUTOGRADE_DB_LOCK"] = os.path.join(root, ".autograde-gradebook.lock")
     os.chdir(root)
     _worker_state.update(root=root, assignment=assignment, log_dir=log_dir)
+    _limit_memory(root)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+
+
+def _limit_memory(root):
+    """Bound this worker's memory (RLIMIT_DATA: heap and private writable mappings, which a
+    GPU driver's address-space reservations are not), so that one submission's grading
+    cannot take the host's memory from the other workers."""
+    import resource
+
+    from .config import AutogradeSettings
+    try:
+        limit = AutogradeSettings(config=_load_config(root)).grader_memory_mb
+    except Exception:                                   # noqa: BLE001
+        limit = AutogradeSettings().grader_memory_mb
+    _worker_state["memory_mb"] = limit
+    if limit:
+        size = int(limit) * 2 ** 20
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard != resource.RLIM_INFINITY:
+            size = min(size, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (size, size))
 
 
 def _grade_one(task):
@@ -141,6 +162,9 @@ def _grade_one(task):
             app.start()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
+        except MemoryError:
+            code = 1
+            _note_grader_limit(root, assignment, student)
         except Exception:                               # noqa: BLE001
             import traceback
             traceback.print_exc()
@@ -162,6 +186,19 @@ def _grade_one(task):
     return student, code, time.monotonic() - started
 
 
+def _note_grader_limit(root, assignment, student):
+    from . import status
+    from .config import AutogradeSettings
+    try:
+        settings = AutogradeSettings(config=_load_config(root))
+        status.note_failure(root, settings, assignment, student,
+                            f"grader memory limit: grading this submission needed more than "
+                            f"the grader's {_worker_state.get('memory_mb')} MiB "
+                            "(AutogradeSettings.grader_memory_mb)")
+    except Exception:                                   # noqa: BLE001
+        pass
+
+
 class _Progress:
     def __init__(self, total, workers, stream=sys.stderr, enabled=True):
         self.total, self.workers, self.stream, self.enabled = total, workers, stream, enabled
@@ -181,7 +218,9 @@ class _Progress:
         text = (f"[{bar}] {self.done}/{self.total} submissions, {self.workers} workers, "
                 f"{elapsed:5.0f} s elapsed, ~{eta:4.0f} s left")
         if student is not None:
-            text += f"  ({student}{'' if code == 0 else ': nbgrader reported an error'})"
+            from .status import printable
+            text += (f"  ({printable(student, limit=60)}"
+                     f"{'' if code == 0 else ': nbgrader reported an error'})")
         if self.tty:
             self.stream.write("\r" + text.ljust(110)[:150])
             if self.done == self.total:
@@ -225,7 +264,9 @@ def grade_class(root, assignment, workers=None, force=False, students=None, prog
     n = max(1, min(n, max(1, len(todo))))
     for student, why in skipped:
         if progress:
-            out.write(f"skipping {student}: {why} (use --force to regrade)\n")
+            from .status import printable
+            out.write(f"skipping {printable(student, limit=100)}: {printable(why)} "
+                      "(use --force to regrade)\n")
     results = []
     started = time.monotonic()
     bar = _Progress(len(todo), n, out, enabled=progress)

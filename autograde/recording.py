@@ -9,8 +9,11 @@ In the grading kernel (``install_in_kernel``, run by the sandbox before any cell
 - ``next_seed()`` hands every hidden check's ``fresh_generator()`` a seed derived from a
   per-run secret the grader chose (``AUTOGRADE_SEED``) and a counter, and notes the counter;
 - ``session(functions)`` (entered by ``common.forbid_references``) records every call of the
-  student's functions made inside it: the value returned or the exception raised, the
-  tensor arguments the call changed in place, and the Triton kernels it launched;
+  student's functions made inside it: the value returned or the exception raised, what the
+  call wrote into the output buffers the check declared (``writes``: a Triton kernel's
+  outputs), the inputs it wrote into (by name only: such a call fails), and the Triton
+  kernels it launched.  A Python function runs on private copies of its tensor arguments, so
+  nothing it does to them reaches the check's own;
 - after each cell, the notes go out as one display output of type :data:`MIME`.
 
 In the grader (``replay_check``): the grader imports the same check module from the course
@@ -18,7 +21,10 @@ In the grader (``replay_check``): the grader imports the same check module from 
 check again, with the student's function replaced by a stand-in that returns what the kernel
 recorded.  The check's own comparisons then run on the grader's expected values: a kernel that
 cheated its in-kernel comparison is caught, a kernel that sent invented records needs the
-right outputs for inputs it could not choose, and a kernel that sent nothing fails.
+right outputs for inputs it could not choose, and a kernel that sent nothing fails.  The
+replay copies a recorded write only into an output the check declared; a recorded change of
+any other argument fails the call (``InputChanged``), so the grader's expectation is always
+computed from its own untouched inputs.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from . import codec
 
 __all__ = ["MIME", "install_in_kernel", "next_seed", "session", "recording", "replaying",
            "replay_launches", "watch_kernel_launches", "derive_seed", "replay_check", "ReplayContext", "ReplayError",
-           "Proxy", "unused_calls"]
+           "Proxy", "unused_calls", "InputChanged", "private_copy"]
 
 MIME = "application/vnd.msda-autograde.record+json"
 RECORD_VERSION = 1
@@ -129,17 +135,26 @@ def next_seed(module: str | None = None):
 
 
 @contextlib.contextmanager
-def session(functions, module: str | None = None, allow=()):
+def session(functions, module: str | None = None, allow=(), writes=(), share_inputs=False):
     """Record (in the kernel) or bind (in the replay) the student's functions; yields True
     while replaying, so that the caller skips its in-kernel work.  ``allow``: modules the
-    check lets these functions use (the grader's static scan then allows them too)."""
+    check lets these functions use (the grader's static scan then allows them too).
+
+    ``writes``: the arguments (positions, keyword names) that are the functions' outputs, the
+    buffers a Triton kernel stores into; every other tensor argument is an input, which a
+    call must leave as it was.  A Python function gets private copies of its tensor
+    arguments (``share_inputs``: the originals, for a check that changes an input between
+    two calls on purpose, as lab 10 does between forward and backward).  A call that
+    changed an input fails as that mistake, in the kernel and in the replay, and the replay
+    never copies what the kernel left in an input into the grader's tensors."""
     module = module or _caller_module()
+    writes = tuple(writes)
     if _mode == "record":
-        with _record_session(functions, module):
+        with _record_session(functions, module, writes, share_inputs):
             yield False
     elif _mode == "replay":
         _replay.allowed.update(str(a) for a in allow)
-        with _replay.session(functions, module):
+        with _replay.session(functions, module, writes):
             yield True
     else:
         yield False
@@ -155,10 +170,14 @@ def replay_launches(counter):
         _replay.counters.remove(counter)
 
 
-def _record_session(functions, module):
+_session_options = {}    # sid -> (writes, share_inputs)
+
+
+def _record_session(functions, module, writes=(), share_inputs=False):
     global _session_ids
     sid = _session_ids
     _session_ids += 1
+    _session_options[sid] = (frozenset(writes), bool(share_inputs))
     names = [str(getattr(f, "__name__", type(f).__name__))[:100] for f in functions]
     _events.append({"e": "open", "s": sid, "n": len(functions), "names": names, "m": module})
     undo = []
@@ -188,6 +207,7 @@ class _SessionGuard:
                 pass
         if self.sid in _sessions:
             _sessions.remove(self.sid)
+        _session_options.pop(self.sid, None)
         _events.append({"e": "close", "s": self.sid})
         return False
 
@@ -224,7 +244,7 @@ def _install(fn, sid, slot):
                                       fn.__closure__)
         original.__kwdefaults__ = fn.__kwdefaults__
         original.__dict__.update(fn.__dict__)
-        _calls[key] = (sid, slot, original)
+        _calls[key] = (sid, slot, original, _parameter_names(fn), False, _display_name(fn))
         old_code = fn.__code__
         globals_ = fn.__globals__
         had_hook = _HOOK in globals_
@@ -239,7 +259,7 @@ def _install(fn, sid, slot):
         return undo
     if hasattr(fn, "run") and callable(getattr(fn, "fn", None)):      # a Triton kernel
         original_run = fn.run
-        _calls[key] = (sid, slot, original_run)
+        _calls[key] = (sid, slot, original_run, _parameter_names(fn), True, _display_name(fn))
 
         def run(*args, **kwargs):
             return _recorded_call(key, args, kwargs)
@@ -274,17 +294,92 @@ def _changed(before, after) -> bool:
     return not torch.equal(before, after)
 
 
+def _parameter_names(fn):
+    """The parameter names of a function or Triton kernel ([] when they cannot be read)."""
+    import inspect
+    names = getattr(fn, "arg_names", None)
+    if isinstance(names, (list, tuple)):
+        return [str(n) for n in names]
+    target = getattr(fn, "fn", fn)
+    try:
+        return list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def argument_name(where, names) -> str:
+    """How a message names argument ``where`` (a position or a keyword): the parameter's
+    name when it is a plain identifier, else its position."""
+    import keyword
+    name = where if isinstance(where, str) else (
+        names[where] if isinstance(where, int) and 0 <= where < len(names) else None)
+    if isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) \
+            and len(name) <= 64:
+        return name
+    return f"argument {where + 1}" if isinstance(where, int) else "a keyword argument"
+
+
+def wrote_into_message(function, argument, kernel) -> str:
+    """The mistake of a graded function (or the check's kernel around a helper of the
+    student's) that changed one of its inputs."""
+    return (f"{function}: your code wrote into {argument}, one of its inputs; the check "
+            "computes what it expects from its own copy of the inputs, so a call that changes "
+            "them cannot pass: leave every input as it is and "
+            + ("store only into the output" if kernel else "return a new tensor"))
+
+
+class InputChanged(AssertionError):
+    """A graded function wrote into one of the tensors it was given to read."""
+
+
+def private_copy(t):
+    """A copy of tensor ``t`` with its own storage and the same shape, strides, dtype, device
+    and ``requires_grad`` (a leaf): what a student's function may do with it reaches nothing
+    of the check's."""
+    import torch
+    source = t.detach()
+    try:
+        copy = torch.empty_strided(source.size(), source.stride(), dtype=source.dtype,
+                                   device=source.device)
+        copy.copy_(source)
+    except RuntimeError:                           # overlapping strides (expand): plain clone
+        copy = source.clone()
+    if t.requires_grad and (copy.is_floating_point() or copy.is_complex()):
+        copy.requires_grad_(True)
+    return copy
+
+
 def _recorded_call(key, args, kwargs):
-    """What a student's function does while recorded: run, then note what happened."""
+    """What a student's function does while recorded: run, then note what happened.
+
+    A Python function runs on private copies of its tensor arguments (unless the session
+    shares them); a Triton kernel on the check's own buffers, whose inputs are restored from
+    a snapshot when it wrote into them.  A write into an input is noted by name only (the
+    replay fails the call on it), a write into an output (``writes``) with its value."""
     global _depth
-    sid, slot, original = _calls[key]
+    sid, slot, original, names, is_kernel, display = _calls[key]
     if _depth > 0:                                 # an inner call: only the outermost counts
         return original(*args, **kwargs)
-    tensors = _tensor_args(args, kwargs)
-    snapshots = [(where, t, t.detach().clone()) for where, t in tensors]
+    writes, share = _session_options.get(sid, (frozenset(), False))
+    private = not is_kernel and not share
+    watched = []                                   # (where, check's tensor, tensor passed, snapshot)
+    if private:
+        args = list(args)
+        kwargs = dict(kwargs)
+        for where, t in _tensor_args(args, kwargs):
+            copy = private_copy(t)
+            if isinstance(where, int):
+                args[where] = copy
+            else:
+                kwargs[where] = copy
+            watched.append((where, t, copy, None))
+        args = tuple(args)
+    else:
+        watched = [(where, t, t, t.detach().clone()) for where, t in _tensor_args(args, kwargs)]
     launches_before = (_launches[0], len(_launches[1]))
     _depth += 1
     note = {"e": "call", "s": sid, "slot": slot}
+    wrote = []
     try:
         result = original(*args, **kwargs)
     except Exception as exc:                      # noqa: BLE001  (recorded, then re-raised)
@@ -294,20 +389,50 @@ def _recorded_call(key, args, kwargs):
         raise
     else:
         note["result"] = codec.encode(result)
-        return result
     finally:
         _depth -= 1
         mutated = []
-        for where, t, before in snapshots:
+        import torch
+        for where, theirs, passed, snapshot in watched:
+            before = theirs.detach() if snapshot is None else snapshot
             try:
-                if _changed(before, t.detach()):
-                    mutated.append([where, codec.encode(t.detach())])
+                changed = _changed(before, passed.detach())
             except Exception:                      # noqa: BLE001
-                mutated.append([where, {"$t": "opaque", "type": "unreadable tensor"}])
+                changed = True
+            if not changed:
+                continue
+            if where in writes:
+                try:
+                    mutated.append([where, codec.encode(passed.detach())])
+                except Exception:                  # noqa: BLE001
+                    mutated.append([where, {"$t": "opaque", "type": "unreadable tensor"}])
+                if passed is not theirs:
+                    with torch.no_grad():
+                        theirs.copy_(passed.detach())
+                continue
+            wrote.append([where, argument_name(where, names)])
+            if snapshot is not None:               # the check's own tensor: put it back
+                try:
+                    with torch.no_grad():
+                        theirs.copy_(snapshot)
+                except Exception:                  # noqa: BLE001
+                    pass
         note["mut"] = mutated
+        if wrote:
+            note["wrote"] = wrote
+            note["kernel"] = is_kernel
         note["launches"] = _launches[0] - launches_before[0]
         note["kernels"] = _launches[1][launches_before[1]:][:50]
         _events.append(note)
+    if wrote:
+        raise InputChanged(wrote_into_message(display, wrote[0][1], is_kernel))
+    return result
+
+
+def _display_name(fn):
+    """A function's or kernel's name as a message shows it (an identifier, else "?")."""
+    name = getattr(getattr(fn, "fn", fn), "__name__", "?")
+    return name if isinstance(name, str) and name.isidentifier() and len(name) <= 64 else "?"
 
 
 def watch_kernel_launches(on_launch):
@@ -445,6 +570,7 @@ class ReplayContext:
         self.last_k = {}
         self.allowed = set()
         self.judged_only_here = False   # the check deferred its comparisons to the replay
+        self.writes = {}                # sid -> the arguments the check's session lets be written
 
     def next_seed(self, module):
         queue = self.seeds.get(module)
@@ -456,7 +582,7 @@ class ReplayContext:
         return derive_seed(self.base_seed, k)
 
     @contextlib.contextmanager
-    def session(self, functions, module):
+    def session(self, functions, module, writes=()):
         queue = self.opens.get(module)
         if not queue:
             raise ReplayError("the kernel recorded fewer checked calls than the check makes")
@@ -464,6 +590,7 @@ class ReplayContext:
         if _int(ev.get("n")) != len(functions):
             raise ReplayError("the record does not match the check")
         sid = ev.get("s")
+        self.writes[sid] = frozenset(writes)
         added = []
         for slot, fn in enumerate(functions):
             if isinstance(fn, Proxy):
@@ -497,12 +624,28 @@ class ReplayContext:
             counter.count += launches
             counter.kernels.extend(str(k)[:100] for k in kernels if isinstance(k, str))
         tensors = dict(_tensor_args(args, kwargs))
-        for where, value in ev.get("mut") or []:
-            target = tensors.get(where if not isinstance(where, str) else where)
-            if target is None:
+        writes = self.writes.get(sid, frozenset())
+        import torch
+        outputs = []
+        for entry in ev.get("mut") or []:
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise ReplayError("malformed call record")
+            where, value = entry
+            if not isinstance(where, (int, str)) or isinstance(where, bool) or \
+                    where not in tensors:
                 raise ReplayError("the record changes an argument the check did not pass")
+            if where not in writes:                # an input: the call fails, nothing is copied
+                raise InputChanged(wrote_into_message(
+                    proxy.__name__, argument_name(where, []), bool(ev.get("kernel"))))
+            outputs.append((tensors[where], value))
+        for entry in ev.get("wrote") or []:
+            where = entry[0] if isinstance(entry, list) and entry else None
+            name = entry[1] if isinstance(entry, list) and len(entry) > 1 else None
+            raise InputChanged(wrote_into_message(
+                proxy.__name__, argument_name(name if isinstance(name, str) else where, []),
+                bool(ev.get("kernel"))))
+        for target, value in outputs:              # the outputs the check handed to be written
             new = codec.decode(value, device_map=self.device_map)
-            import torch
             if not isinstance(new, torch.Tensor) or new.shape != target.shape:
                 raise ReplayError("a recorded argument changed shape")
             with torch.no_grad():

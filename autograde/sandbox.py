@@ -5,8 +5,9 @@ pid, ipc and uts namespaces, so it has no network at all (not even loopback to t
 no process of the host, and is killed with everything it spawned when it ends.  Its file
 system is built from read-only binds of what Python needs (``/usr``, the Python install, the
 virtual environment, and the lab's staged view of the course's ``source_kernels`` and
-``autograde`` packages, :mod:`autograde.view`, never the packages themselves) plus a copy
-of the submission folder on a size-limited private ``/tmp``; the course directory, the
+``autograde`` packages, :mod:`autograde.view`, never the packages themselves) plus an empty,
+size-limited working folder and private ``/tmp``: a submission is its notebook, whose cells
+arrive over the kernel's socket, and no other file of it is there; the course directory, the
 gradebook, the source notebooks and the other students' folders are simply not there.  Inside,
 ``setpriv`` drops to a uid that no other running kernel on the host has (taken from the host's
 pool, :mod:`autograde.uids`, so that the process limit and the keyrings are this kernel's
@@ -40,11 +41,15 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["build_command", "sandbox_available", "main", "KERNEL_CWD", "CONNECTION_PATH"]
+__all__ = ["build_command", "sandbox_available", "main", "KERNEL_CWD", "CONNECTION_PATH",
+           "PYTHON_FLAGS"]
 
 KERNEL_CWD = "/submission"
 CONNECTION_PATH = "/run/autograde/connection.json"
 _KEEP_OUTPUT = 8192
+# -P (safe_path): ``-m`` puts no working folder in front of sys.path, which then starts with
+# PYTHONPATH, the course's view (IPython adds none either when the flag is set)
+PYTHON_FLAGS = ("-P",)
 
 
 def bwrap_path():
@@ -105,9 +110,13 @@ def build_command(spec, connection_fd, passwd_fd):
             "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grading", "--clearenv"]
     args += _root_layout()
     tmp_bytes = str(int(spec["tmp_mb"]) * 2 ** 20)
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", tmp_bytes, "--perms", "1777", "--tmpfs", "/tmp",
-             "--size", tmp_bytes, "--perms", "1777", "--tmpfs", "/dev/shm"]
+    folders = spec.get("folders") or {}     # tmpfs of their own (size and inodes), see launch
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for inside in ("/tmp", "/dev/shm"):
+        if inside in folders:
+            args += ["--bind", folders[inside], inside]
+        else:
+            args += ["--size", tmp_bytes, "--perms", "1777", "--tmpfs", inside]
     if spec.get("gpu"):
         for dev in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
             args += ["--dev-bind", dev, dev]
@@ -134,18 +143,16 @@ def build_command(spec, connection_fd, passwd_fd):
         args += ["--ro-bind", host, inside]
     for path in spec.get("masks", []):                  # course packages inside a bound folder
         args += ["--tmpfs", path, "--remount-ro", path]
-    args += ["--size", tmp_bytes, "--perms", "1777", "--tmpfs", KERNEL_CWD,
-             "--dir", "/run/autograde",
+    if KERNEL_CWD in folders:
+        args += ["--bind", folders[KERNEL_CWD], KERNEL_CWD]
+    else:
+        args += ["--size", tmp_bytes, "--perms", "1777", "--tmpfs", KERNEL_CWD]
+    args += ["--dir", "/run/autograde",
              "--perms", "0444", "--file", str(connection_fd), CONNECTION_PATH,
              "--perms", "0444", "--file", str(passwd_fd), "/etc/passwd"]
-    # the submission: every file read-only inside a writable folder
-    cwd = spec["cwd"]
-    if cwd and os.path.isdir(cwd):
-        for name in sorted(os.listdir(cwd)):
-            host = os.path.join(cwd, name)
-            if name.endswith(".ipynb") or os.path.islink(host):
-                continue            # the notebook arrives cell by cell, never as a file
-            args += ["--ro-bind", host, f"{KERNEL_CWD}/{name}"]
+    # the submission is its notebook, which arrives cell by cell: no file handed in beside it
+    # is bound (a helper.py or an ipykernel_launcher.py of the student's is not there to
+    # import), and the kernel's working folder starts empty
     sock_dir = spec["sock_dir"]
     args += ["--bind", sock_dir, sock_dir, "--chdir", KERNEL_CWD]
     for key, value in sorted(spec["env"].items()):
@@ -155,7 +162,8 @@ def build_command(spec, connection_fd, passwd_fd):
              "--inh-caps=-all", "--bounding-set=-all",
              "--", shutil.which("prlimit") or "/usr/bin/prlimit"]
     args += _prlimit_args(limits, nproc=True)
-    args += ["--", spec["python"], "-m", "ipykernel_launcher", "-f", CONNECTION_PATH]
+    args += ["--", spec["python"], *PYTHON_FLAGS, "-m", "ipykernel_launcher", "-f",
+             CONNECTION_PATH]
     args += list(spec.get("kernel_args", []))
     return args
 
@@ -253,6 +261,33 @@ def _write_exit_report(spec_path, code, head, tail, cpu_seconds=None):
         pass
 
 
+def _with_own_folders(spec, spec_path, build):
+    """A builder of the command that gives the kernel's writable folders (/tmp, /dev/shm,
+    the working folder) a tmpfs each with a size *and* an inode limit (bwrap's own --tmpfs
+    takes only a size, so a flood of empty files could pin gigabytes of kernel memory).  The
+    tmpfs are mounted by ``unshare`` in a mount namespace of this launch only, so they vanish
+    with the kernel, whatever ends it; without ``unshare`` the kernel gets bwrap's."""
+    unshare, mount = shutil.which("unshare"), shutil.which("mount")
+    if not (unshare and mount and spec.get("tmp_inodes")):
+        return lambda conn, pw: build(spec, conn, pw)
+    base = os.path.dirname(os.path.abspath(spec_path))
+    folders = {}
+    for inside, name in (("/tmp", "fs-tmp"), ("/dev/shm", "fs-shm"), (KERNEL_CWD, "fs-work")):
+        path = os.path.join(base, name)
+        os.makedirs(path, exist_ok=True)
+        folders[inside] = path
+    options = (f"size={int(spec['tmp_mb']) * 2 ** 20},nr_inodes={int(spec['tmp_inodes'])},"
+               "mode=1777")
+    script = " && ".join(f'{mount} -t tmpfs -o {options} autograde "{p}"'
+                         for p in folders.values()) + ' && exec "$@"'
+
+    def command(conn, pw):
+        inner = build(dict(spec, folders=folders), conn, pw)
+        return [unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script,
+                "autograde-sandbox"] + inner
+    return command
+
+
 def launch(spec_path, connection_file, extra_args):
     with open(spec_path) as fh:
         spec = json.load(fh)
@@ -278,7 +313,7 @@ def launch(spec_path, connection_file, extra_args):
     os.close(conn_w)
     os.write(pw_w, passwd)
     os.close(pw_w)
-    command = build_command(spec, conn_r, pw_r)
+    command = _with_own_folders(spec, spec_path, build_command)(conn_r, pw_r)
     from .uids import new_session_keyring
     new_session_keyring()          # the kernel's session keyring is new, and dies with it
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -315,7 +350,7 @@ def _launch_unsandboxed(spec, connection_file):
     env = dict(spec["env"])
     cwd = spec["cwd"] if spec["cwd"] and os.path.isdir(spec["cwd"]) else None
     _set_rlimits(spec["limits"])
-    argv = [spec["python"], "-m", "ipykernel_launcher", "-f", connection_file]
+    argv = [spec["python"], *PYTHON_FLAGS, "-m", "ipykernel_launcher", "-f", connection_file]
     argv += spec["kernel_args"]
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)

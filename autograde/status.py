@@ -39,7 +39,7 @@ import nbformat
 from . import dblock
 
 __all__ = ["ledger_path", "read", "write", "pre_convert_hook", "post_convert_hook",
-           "note_failure", "summarize", "STATUSES"]
+           "note_failure", "summarize", "STATUSES", "printable"]
 
 STATUSES = ("graded", "graded_with_incidents", "needs_gpu", "needs_review", "ungradable",
             "not_graded")
@@ -89,9 +89,14 @@ def _expected_notebooks(config, root, assignment):
     return []
 
 
-def _check_notebook(path):
-    """None if ``path`` is a readable, valid notebook, else why not."""
+def _check_notebook(path, limit_mb=32):
+    """None if ``path`` is a readable, valid notebook no larger than ``limit_mb``, else why
+    not."""
     try:
+        size = os.path.getsize(path)
+        if limit_mb and size > limit_mb * 2 ** 20:
+            return (f"{os.path.basename(path)} is {size / 2 ** 20:.1f} MiB, over the "
+                    f"submission size limit of {limit_mb} MiB (not run)")
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
@@ -131,7 +136,7 @@ def pre_convert_hook(assignment, student, notebooks, config=None, root=None, **_
         if name not in found:
             problems.append(f"missing notebook {name}.ipynb")
     for name, path in sorted(found.items()):
-        why = _check_notebook(path)
+        why = _check_notebook(path, settings.submission_limit_mb)
         if why:
             problems.append(why)
     path = ledger_path(root, settings, assignment, student)
@@ -194,6 +199,30 @@ def note_failure(root, settings, assignment, student, reason):
     write(path, entry)
 
 
+def printable(text, limit=4000, newlines=False) -> str:
+    """``text`` safe to print on a terminal, write into a CSV or show in a page: control and
+    format characters (terminal escapes, carriage returns, bidirectional overrides) are
+    written out as ``\\xNN`` / ``\\uNNNN``, so that nothing a submission sent (a record, an
+    exception message, a folder name) can move the cursor, redraw another row, set a window
+    title or reach the clipboard; newlines become spaces unless ``newlines``; at most
+    ``limit`` characters."""
+    import unicodedata
+    out = []
+    for ch in str(text):
+        if ch == "\n" and newlines:
+            out.append(ch)
+        elif ch in "\n\t":
+            out.append(" ")
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+                       else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    clean = "".join(out)
+    return clean if len(clean) <= limit else clean[:limit] + "..."
+
+
 def _alive(entry):
     if entry.get("host") != socket.gethostname():
         return True                       # another machine's worker: cannot tell, assume so
@@ -208,6 +237,11 @@ def summarize(entry):
     """(status, [reasons]) of a ledger entry (None: not graded)."""
     if entry is None:
         return "not_graded", []
+    status, reasons = _summarize(entry)
+    return status, [printable(r) for r in reasons]
+
+
+def _summarize(entry):
     reasons = list(entry.get("problems", [])) + list(entry.get("failures", []))
     if entry.get("problems") or entry.get("failures"):
         return "ungradable", reasons

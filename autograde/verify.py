@@ -34,6 +34,7 @@ from . import labs, recording, scan
 from .config import AutogradeSettings, gpu_visible
 from .recording import MIME
 from .restore import released_notebook
+from .status import printable
 
 __all__ = ["VerifyChecks", "check_calls"]
 
@@ -175,6 +176,11 @@ class VerifyChecks(NbGraderPreprocessor):
             nbg["assignment"], settings.forbidden_extra.get(nbg["assignment"], ()))
         student_cells = [(c.source, not nbutils.is_locked(c)) for c in nb.cells
                          if c.cell_type == "code"]
+        code_cells = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+        position = {i: p for p, (i, _) in enumerate(code_cells)}
+        self._foreign = scan.foreign_code(
+            [(c.source, not nbutils.is_locked(c), _cell_label(c, i)) for i, c in code_cells],
+            by_hand=labs.by_hand(nbg["assignment"]))
         cache = {}
 
         def tainted(extra_allowed=()):
@@ -196,6 +202,10 @@ class VerifyChecks(NbGraderPreprocessor):
             gid = cell.metadata.nbgrader.get("grade_id")
             verdict = self._verify_cell(cell, gid, tags.get(gid, set()), environment,
                                         cells_info.get(str(index), {}), seeds, tainted)
+            # the message may quote what the kernel sent (an exception's text): no control
+            # character of it reaches the notebook, the ledger, a terminal or a page
+            verdict["message"] = printable(verdict.get("message", ""), limit=3000,
+                                           newlines=True)
             verdicts[gid] = verdict
             cell.metadata.setdefault("autograde", {})["verdict"] = verdict
             self._strip_records(cell)
@@ -212,9 +222,45 @@ class VerifyChecks(NbGraderPreprocessor):
                     f"\n[autograde: not gradable here: {verdict['message']}; this cell "
                     "will be graded on a GPU host]\n"))
         self._check_kernels(nb, reference, verdicts)
+        for index, cell in enumerate(nb.cells):
+            verdict = cell.get("metadata", {}).get("autograde", {}).get("verdict")
+            if not verdict or verdict["verdict"] != "pass":
+                continue
+            foreign = self._foreign_verdict(cell, position[index])
+            if foreign is not None:
+                verdict.clear()
+                verdict.update(foreign)
+                cell.outputs = [o for o in cell.outputs             # no partial credit left
+                                if o.get("output_type") != "execute_result"]
+                cell.outputs.append(_error(foreign["ename"], foreign["message"]))
+                verdicts[cell.metadata.nbgrader.get("grade_id")] = verdict
         if settings.visible_points == "tied":
             self._tie_visible_cells(nb, verdicts)
         return nb, resources
+
+    # ------------------------------------------------------------------ foreign code
+    def _foreign_verdict(self, cell, position):
+        """A passing cell whose checked functions (or the names it uses) rely on code that
+        did not come from the notebook's own cells, or that runs after a cell which ran such
+        code without binding a name: it earns nothing and goes to the instructor."""
+        names, from_cell = self._foreign
+        roots = set(_names_used(cell.source))
+        for _, _, args, kwargs in check_calls(cell.source, self.settings.check_packages):
+            roots |= {spec[1].split(".")[0] for spec in list(args or []) +
+                      list((kwargs or {}).values()) if spec[0] in ("name", "attr")}
+        hit = sorted(roots & set(names))
+        if hit:
+            where = f"{hit[0]} {names[hit[0]]}"
+        elif from_cell is not None and from_cell[0] < position:
+            where = f"the answers run {from_cell[1]}"
+        else:
+            return None
+        return {"verdict": "needs_review", "ename": "ForeignCode",
+                "message": f"{where}: code that did not come from the notebook's own cells "
+                           "(run from a string, rebuilt from data, imported from a file, "
+                           "looked up by a computed name, or autograd where the lab asks for "
+                           "the gradient by hand) earns nothing until the instructor has read "
+                           "it"}
 
     # ------------------------------------------------------------------ kernels
     def _check_kernels(self, nb, released, verdicts):
@@ -310,6 +356,9 @@ class VerifyChecks(NbGraderPreprocessor):
             message = (bad[hit[0]] + ": the grader cannot tell that the kernel computed what "
                        "the check received")
             verdict.update(verdict="needs_review", ename="VerificationFailed", message=message)
+            verdict.pop("partial", None)
+            cell.outputs = [o for o in cell.outputs             # nbgrader reads the first
+                            if o.get("output_type") != "execute_result"]   # of result/error
             cell.outputs.append(_error("VerificationFailed", message))
             verdicts[cell.metadata.nbgrader.get("grade_id")] = verdict
 
@@ -527,6 +576,16 @@ class VerifyChecks(NbGraderPreprocessor):
 
 _DYNAMIC = {"exec", "eval", "compile", "globals", "locals", "vars", "setattr", "delattr",
             "__import__", "__builtins__", "__main__"}
+
+
+def _cell_label(cell, index):
+    """How a message names a notebook cell: its grade id when that is a plain id, else its
+    position."""
+    gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    if isinstance(gid, str) and 0 < len(gid) <= 64 and \
+            all(ch.isalnum() or ch in "_-" for ch in gid):
+        return f"cell {gid}"
+    return f"cell {index + 1}"
 
 
 def _is_jit(node):

@@ -138,7 +138,62 @@ def msda_naive(value, value_spatial_shapes, value_level_start_index, sampling_lo
     "open_by_path": OPEN_BY_PATH.format(repo_reference=str(REPO / "source_kernels" /
                                                              "reference.py"),
                                         attr="msda_naive") + LAB01_NAIVE,
+    # the reference brought in as data: its code objects marshalled, compressed and encoded
+    # in the cell, rebuilt with FunctionType
+    "marshalled_code": "MARSHALLED",
+    # its source compressed in the cell and exec'd
+    "exec_compressed": "EXEC_COMPRESSED",
+    # its source in a file handed in beside the notebook
+    "helper_file": "from helper import msda_naive\n",
 }
+
+def _reference_source():
+    return (REPO / "source_kernels" / "reference.py").read_text()
+
+
+def _marshalled_reference():
+    """A cell that rebuilds the reference's msda_naive (and what it calls) from marshalled,
+    compressed, base64-encoded code objects."""
+    import base64
+    import marshal
+    import zlib
+    env = {}
+    exec(compile(_reference_source(), "reference.py", "exec"), env)   # noqa: S102
+    names = ["pixel_coordinate", "bilinear_corner_weights", "bilinear_sample_naive",
+             "msda_naive"]
+    blob = base64.b64encode(zlib.compress(marshal.dumps(
+        [env[n].__code__ for n in names]))).decode()
+    return (f"import base64, marshal, zlib, types, math, torch\n"
+            f"_codes = marshal.loads(zlib.decompress(base64.b64decode({blob!r})))\n"
+            f"_env = {{'math': math, 'torch': torch, '__builtins__': __builtins__}}\n"
+            f"for _name, _code in zip({names!r}, _codes):\n"
+            f"    _env[_name] = types.FunctionType(_code, _env, _name)\n"
+            f"msda_naive = _env['msda_naive']\n")
+
+
+def _exec_compressed_reference():
+    import base64
+    import zlib
+    blob = base64.b64encode(zlib.compress(_reference_source().encode())).decode()
+    return ("import base64 as _b, zlib as _z\n"
+            f"exec(_z.decompress(_b.b64decode({blob!r})).decode())\n")
+
+
+# files a cheat hands in beside its notebook
+EXTRA_FILES = {
+    "helper_file": {"helper.py": _reference_source},
+    # a launcher of its own: with the submission folder first on sys.path it ran instead of
+    # ipykernel's; this one starts the real kernel after putting the reference in builtins
+    "launcher_file": {"ipykernel_launcher.py": lambda: (
+        "import builtins, runpy, sys\n"
+        "sys.path = [p for p in sys.path if p not in ('', '.', '/submission')]\n"
+        "_env = {}\n"
+        f"exec(compile({_reference_source()!r}, 'reference.py', 'exec'), _env)\n"
+        "builtins.msda_naive = _env['msda_naive']\n"
+        "sys.modules.pop('ipykernel_launcher', None)\n"
+        "runpy.run_module('ipykernel_launcher', run_name='__main__')\n")},
+}
+LAB01_CHEATS_EXTRA = {"launcher_file": "msda_naive = msda_naive\n"}
 
 LAB05 = "lab05_forward_correct"
 # the stand-in for a Triton kernel: ``msda_forward_kernel[grid](...)`` fills out with
@@ -197,6 +252,30 @@ def _fill(*args):
 ''' + LAB05_STANDIN,
 }
 
+LAB05_CHEATS["zero_inputs"] = """
+@triton.jit
+def msda_forward_kernel(value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, out_ptr,
+                        S, Q, M, D,
+                        L: tl.constexpr, K: tl.constexpr,
+                        BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, ACC_DTYPE: tl.constexpr):
+    # computes nothing: zeroes the attention weights the check gave, and the output
+    pid_q = tl.program_id(0)
+    pid_bm = tl.program_id(1)
+    b = pid_bm // M
+    m = pid_bm % M
+    offs_q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    mask_q = offs_q < Q
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m
+    zero_q = tl.zeros((BLOCK_Q,), dtype=ACC_DTYPE).to(attn_ptr.dtype.element_ty)
+    for j in tl.static_range(L * K):
+        tl.store(attn_ptr + row_bqm * (L * K) + j, zero_q, mask=mask_q)
+    zero = tl.zeros((BLOCK_Q, BLOCK_D), dtype=ACC_DTYPE).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (row_bqm * D)[:, None] + offs_d[None, :], zero,
+             mask=mask_q[:, None] & mask_d[None, :])
+"""
+
 LAB07 = "lab07_the_other_direction"
 # dL/d attention_weights by autograd through a function that computes the forward
 LAB07_GRAD = '''
@@ -235,6 +314,50 @@ def grad_attention_weights(grad_output, value, spatial_shapes, level_start_index
                                                              "reference.py"),
                                         attr="msda_grid_sample")
     + "\n_forward = _ref\n" + LAB07_GRAD,
+    # autograd kept in a list in the cell and called through a dict entry in a thread, past
+    # the in-kernel "by hand" guard; the forward is lab 00's grid_sample chip, in the view
+    "autograd_in_a_list": '''
+import threading
+import torch
+import torch.nn.functional as F
+_saved = [torch.autograd.grad, torch.Tensor.requires_grad_]
+_table = {"grad": _saved[0], "leaf": _saved[1]}
+
+
+def _forward(value, shapes, starts, loc, attn):
+    batch, _, heads, channels = value.shape
+    _, queries, _, levels, points, _ = loc.shape
+    out = 0
+    for level in range(levels):
+        height, width, first = int(shapes[level, 0]), int(shapes[level, 1]), int(starts[level])
+        v = value[:, first:first + height * width].permute(0, 2, 3, 1).reshape(
+            batch * heads, channels, height, width)
+        grid = loc[:, :, :, level].permute(0, 2, 1, 3, 4).reshape(
+            batch * heads, queries, points, 2) * 2 - 1
+        sampled = F.grid_sample(v, grid, mode="bilinear", padding_mode="zeros",
+                                align_corners=False)
+        weights = attn[:, :, :, level].permute(0, 2, 1, 3).reshape(
+            batch * heads, 1, queries, points)
+        out = out + (sampled * weights).sum(-1)
+    return out.view(batch, heads, channels, queries).permute(0, 3, 1, 2).reshape(
+        batch, queries, heads * channels)
+
+
+def grad_attention_weights(grad_output, value, spatial_shapes, level_start_index,
+                           sampling_locations, attention_weights):
+    box = {}
+
+    def run():
+        with torch.enable_grad():
+            weights = _table["leaf"](attention_weights.detach().double().clone())
+            out = _forward(value.detach().double(), spatial_shapes, level_start_index,
+                           sampling_locations.detach().double(), weights)
+            box["g"], = _table["grad"](out, weights, grad_output.detach().double())
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return box["g"].to(attention_weights.dtype)
+''',
 }
 
 # the answer cell each lab's cheats replace, the lab's automatic points, and those of the
@@ -263,7 +386,10 @@ def reports(tmp_path_factory):
         run_nbgrader(course, "generate_assignment", lab, "--force")
         source = nbformat.read(course / "assignments" / lab / f"{lab}.ipynb", as_version=4)
         submissions = {"honest": source}
-        for name, code in cheats.items():
+        for name, code in list(cheats.items()) + list(
+                (LAB01_CHEATS_EXTRA if lab == LAB01 else {}).items()):
+            code = {"MARSHALLED": _marshalled_reference,
+                    "EXEC_COMPRESSED": _exec_compressed_reference}.get(code, lambda: code)()
             nb = nbformat.read(course / "assignments" / lab / f"{lab}.ipynb", as_version=4)
             cell = next(c for c in nb.cells
                         if c.metadata.get("nbgrader", {}).get("grade_id") == answer_id)
@@ -273,6 +399,8 @@ def reports(tmp_path_factory):
             folder = course / "submitted" / student / lab
             folder.mkdir(parents=True)
             nbformat.write(nb, folder / f"{lab}.ipynb")
+            for filename, text in EXTRA_FILES.get(student, {}).items():
+                (folder / filename).write_text(text())
         env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
         proc = subprocess.run([sys.executable, "-m", "autograde", "grade", lab, "--workers",
                                "2", "--no-progress"], cwd=course, env=env, capture_output=True,
@@ -280,6 +408,9 @@ def reports(tmp_path_factory):
         assert proc.returncode == 0, proc.stderr[-3000:]
         from autograde.cli import report_rows
         out[lab] = {r["student_id"]: r for r in report_rows(str(course), lab)}
+        for student, row in sorted(out[lab].items()):       # shown with pytest -s
+            print(f"{lab} {student}: {row['score']}/{row['max_score']} {row['status']} "
+                  f"({row['reasons'][:300]})")
     return out
 
 
@@ -298,7 +429,11 @@ def test_honest_solution_scores_full_marks(reports, lab):
     assert row["status"] == "needs_review", row
 
 
-@pytest.mark.parametrize("lab,cheat", [(lab, c) for lab, t in TARGETS.items() for c in t[1]])
+CHEATS = [(lab, c) for lab, t in TARGETS.items() for c in t[1]] + \
+    [(LAB01, c) for c in LAB01_CHEATS_EXTRA]
+
+
+@pytest.mark.parametrize("lab,cheat", CHEATS)
 def test_cheat_earns_nothing_for_the_function_it_fakes(reports, lab, cheat):
     _, _, full, faked = TARGETS[lab]
     row = reports[lab][cheat]

@@ -104,7 +104,7 @@ def _code_raiser(name: str) -> types.CodeType:
 
 
 @contextlib.contextmanager
-def forbid_references(*student_functions, allow=()):
+def forbid_references(*student_functions, allow=(), writes=(), share_inputs=False):
     """Make every chip and reference entry point raise while the block runs.
 
     ``student_functions``: the graded functions (their ``__globals__``, the notebook's
@@ -117,8 +117,15 @@ def forbid_references(*student_functions, allow=()):
 
     While autograding, the calls of ``student_functions`` made in the block are also recorded
     and the grader replays the whole check outside the kernel (``autograde.recording``): so
-    pass every student function the block calls, and call them only inside the block."""
-    with recording.session(student_functions, allow=allow) as replaying:
+    pass every student function the block calls, and call them only inside the block.
+
+    ``writes``: the positions (or keyword names) of the arguments that are outputs, the
+    buffers a Triton kernel stores into.  Every other tensor argument is an input: a Python
+    function gets a private copy of it (``share_inputs=True``: the check's own tensor, for a
+    check that changes it between two calls on purpose), and a call that writes into an
+    input fails, naming it (``recording.InputChanged``)."""
+    with recording.session(student_functions, allow=allow, writes=writes,
+                           share_inputs=share_inputs) as replaying:
         if replaying:
             yield
         else:

@@ -87,7 +87,7 @@ def check_vector_add(add_kernel, vector_add, seed=None):
     for n in sizes:
         x, y = _on_device(torch.randn(n, generator=gen), torch.randn(n, generator=gen))
         what = f"vector_add, {n} elements ({tag})"
-        with forbid_references(add_kernel):
+        with forbid_references(add_kernel, writes=(2,)):
             report = guard.launch(add_kernel, (triton.cdiv(n, 128),), x, y, torch.empty_like(x),
                                   n, BLOCK=128)
         report.check(f"add_kernel on {n} elements in blocks of 128 ({tag})", _mask_hint(report))
@@ -139,7 +139,7 @@ def check_copy_2d(copy_tile_kernel, copy_2d, seed=None):
         what = f"copy_2d of {name} tensor, strides {tuple(src.stride())} ({tag})"
         r, c = src.shape
         dst = torch.empty((r, c), dtype=src.dtype, device=src.device)
-        with forbid_references(copy_tile_kernel), guard.watch() as report:
+        with forbid_references(copy_tile_kernel, writes=(1,)), guard.watch() as report:
             copy_tile_kernel[(triton.cdiv(r, 16), triton.cdiv(c, 16))](
                 src, dst, r, c, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
                 BLOCK_R=16, BLOCK_C=16)
@@ -206,7 +206,7 @@ def check_gather_rows(gather_rows_kernel, gather_rows, seed=None):
         table, index = _on_device(table, index)
         what = f"gather_rows of {n} rows from a ({n_rows}, {channels}) table ({tag})"
         block_d = triton.next_power_of_2(channels)
-        with forbid_references(gather_rows_kernel):
+        with forbid_references(gather_rows_kernel, writes=(2,)):
             report = guard.launch(gather_rows_kernel, (triton.cdiv(n, 16),), table, index,
                                   torch.empty(n, channels, device=table.device), n, n_rows,
                                   channels, BLOCK_I=16, BLOCK_D=block_d)
@@ -292,7 +292,7 @@ def check_bilinear(bilinear_kernel, bilinear_sample_triton, seed=None):
         n = loc.shape[0]
         what = f"bilinear samples, {name} ({tag})"
         out = torch.empty(n, channels, device=image.device)
-        with forbid_references(bilinear_kernel):
+        with forbid_references(bilinear_kernel, writes=(2,)):
             report = guard.launch(bilinear_kernel, (triton.cdiv(n, 16),), image, loc, out, n,
                                   height, width, channels, BLOCK_N=16,
                                   BLOCK_D=triton.next_power_of_2(channels))

@@ -239,7 +239,7 @@ def check_corner_coordinate(corner_coordinate, seed=None):
         first = torch.zeros(n, dtype=torch.int64, device=op.device())
         frac = torch.zeros(n, dtype=torch.float32, device=op.device())
         what = f"corner_coordinate with size = {size} ({tag})"
-        with forbid_references(tester):
+        with forbid_references(tester, writes=(1, 2)):
             report = _launch(tester, (1,), what, loc.to(first.device), first, frac, n, size,
                              BLOCK=64)
         report.check(what)
@@ -334,7 +334,7 @@ def check_level_row(level_row, seed=None):
         c = torch.randint(0, width, (24,), generator=gen, dtype=torch.int32)
         out = torch.zeros(24, dtype=torch.int64, device=op.device())
         what = f"level_row on a level of H = {height}, W = {width} starting at row {start} ({tag})"
-        with forbid_references(tester):
+        with forbid_references(tester, writes=(3,)):
             report = _launch(tester, (1,), what, torch.tensor([start], device=out.device),
                              r.to(out.device), c.to(out.device), out, 24, height, width, BLOCK=32)
         report.check(what)
@@ -379,7 +379,7 @@ def check_value_offset(value_offset, seed=None):
         b[0], s[0], m[0] = batch - 1, total - 1, heads - 1        # the largest offset
         out = torch.zeros(n, dtype=torch.int64, device=op.device())
         what = f"value_offset on {description} ({tag})"
-        with forbid_references(tester):
+        with forbid_references(tester, writes=(3,)):
             report = _launch(tester, (1,), what, b.to(out.device), s.to(out.device),
                              m.to(out.device), out, n, total, heads, channels, BLOCK=64,
                              int32=True)
@@ -446,7 +446,7 @@ def check_sample_level(sample_level, seed=None):
         out = torch.zeros(batch, queries, heads, channels, device=value.device)
         what = (f"sample_level on level {level} ({height} x {width}) of a 3-level value, "
                 f"D = {channels} channels ({tag})")
-        with forbid_references(tester):
+        with forbid_references(tester, writes=(4,)):
             report = _launch(tester, (triton.cdiv(queries, 8), batch * heads), what, value,
                              shapes_t, starts, level_loc, out, level, value.shape[1], queries,
                              heads, channels, BLOCK_Q=8, BLOCK_D=block_d)

@@ -32,14 +32,14 @@ def _is_kernel(obj) -> bool:
     return hasattr(obj, "fn") and hasattr(obj, "run") and callable(getattr(obj, "fn", None))
 
 
-def _launch(kernel, name, grid, args, kwargs, what, hint):
+def _launch(kernel, name, grid, args, kwargs, what, hint, writes=()):
     """Run ``kernel[grid](*args, **kwargs)`` with every access checked; returns the tensors it
     ran on (in the grader's replay: ``args`` themselves, updated from the record)."""
     if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
         raise AssertionError(f"{name} must be a @triton.jit kernel, got "
                              f"{type(kernel).__name__}")
     report = None
-    with forbid_references(kernel):
+    with forbid_references(kernel, writes=writes):
         if recording.replaying():
             kernel[grid](*args, **kwargs)
         else:
@@ -85,7 +85,7 @@ def _run_hits(kernel, name, height, width, locations, block, what):
     hits = torch.zeros(height * width, dtype=torch.int32, device=loc.device)
     n = loc.shape[0]
     ran_on = _launch(kernel, name, (-(-n // block),), (loc, hits, n, height, width),
-                     {"BLOCK": block}, what, _HITS_GUARD)
+                     {"BLOCK": block}, what, _HITS_GUARD, writes=(1,))
     return ran_on[1].detach().cpu().long()
 
 
@@ -309,7 +309,8 @@ def _run_backward(kernel, args, grad_output, block_q, what):
                   BLOCK_D=max(1, 1 << (channels - 1).bit_length()),
                   ACC_DTYPE=tl.float64 if wide else tl.float32)
     ran_on = _launch(kernel, "msda_backward_kernel", (-(-queries // block_q), batch * heads),
-                     tensors + (total, queries, heads, channels), launch, what, _BACKWARD_GUARD)
+                     tensors + (total, queries, heads, channels), launch, what, _BACKWARD_GUARD,
+                     writes=(6, 7, 8))
     return (ran_on[6].detach().to(value.dtype).cpu(), ran_on[7].detach().cpu(),
             ran_on[8].detach().cpu())
 

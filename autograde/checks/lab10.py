@@ -520,7 +520,8 @@ def check_autograd(MSDAFunction, seed=None):
     seed = gen.initial_seed()
     cases = _function_cases(gen)
     runs = []
-    with forbid_references(MSDAFunction.forward, MSDAFunction.backward, allow=KERNEL_MODULES):
+    with forbid_references(MSDAFunction.forward, MSDAFunction.backward, allow=KERNEL_MODULES,
+                           share_inputs=True):
         for _, args, extra, grad_output, change in cases:
             runs.append(_run_function(MSDAFunction, args, extra, grad_output, change))
     if not judging():
