@@ -102,6 +102,13 @@ def cmd_grade(args):
 def cmd_report(args):
     rows = report_rows(os.path.abspath(args.root), args.assignment)
     _print_report(rows)
+    if any("similarity check:" in r.get("reasons", "") for r in rows):
+        _, settings = _settings(os.path.abspath(args.root))
+        page = os.path.join(os.path.abspath(args.root), settings.status_directory,
+                            args.assignment, "similarity.html")
+        if os.path.isfile(page):
+            print(f"similarity check: the listed pairs, ranked, with their overlapping lines "
+                  f"highlighted: {page}")
     if args.csv:
         import csv
 
