@@ -284,3 +284,59 @@ def review_reasons(reasons: str) -> list[str]:
     source notebook's solution is, rightly, 100 % similar to it and to the others)."""
     return [r for r in (reasons or "").split("; ")
             if r and not r.startswith("similarity check")]
+
+
+# ---------------------------------------------------------------------------- accounts
+def run_as(user: str, code: str, timeout=120) -> dict:
+    """Run the Python ``code`` as the system account ``user`` (its uid, gid and groups, no
+    privilege left); the code assigns a JSON-able ``result``, which is returned."""
+    import pwd
+    entry = pwd.getpwnam(user)
+    wrapper = ("import json, os, sys\nresult = None\n" + code +
+               "\nsys.stdout.write('\\n@@' + json.dumps(result))\n")
+    proc = subprocess.run([sys.executable, "-P", "-c", wrapper], cwd="/", user=entry.pw_uid,
+                          group=entry.pw_gid, extra_groups=os.getgrouplist(user, entry.pw_gid),
+                          env={"PATH": "/usr/bin:/bin", "HOME": entry.pw_dir, "USER": user,
+                               "LANG": "C.UTF-8"},
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (user, proc.stdout[-2000:], proc.stderr[-3000:])
+    return json.loads(proc.stdout.rsplit("\n@@", 1)[1])
+
+
+def attempt(action: str) -> str:
+    """Python source that runs ``action`` (one statement) and records in ``result[...]``
+    the name of what stopped it, or ``"done"``: for ``run_as`` code."""
+    return (f"try:\n    {action}\n    outcome = 'done'\n"
+            f"except OSError as exc:\n    outcome = type(exc).__name__\n")
+
+
+# ---------------------------------------------------------------------------- browser
+LOOPBACK = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/")
+
+
+class Loopback:
+    """Every request of a browser context: loopback passes, anything else is aborted and
+    kept in ``blocked``; ``seen`` counts what was seen."""
+
+    def __init__(self, context):
+        self.blocked, self.seen = [], 0
+        context.route("**/*", self._route)
+
+    def _route(self, route):
+        url = route.request.url
+        self.seen += 1
+        if LOOPBACK.match(url) or url.startswith(("data:", "blob:", "about:")):
+            route.continue_()
+        else:
+            self.blocked.append(url)
+            route.abort()
+
+
+def browser_login(tab, hub, user):
+    """Log ``user`` in on the hub's page and wait for JupyterLab's Nbgrader menu."""
+    tab.goto(hub.url + "hub/login")
+    tab.locator("input[name=username]").fill(user)
+    tab.locator("input[name=password]").fill(hub.passwords[user])
+    tab.locator("input[type=submit], button[type=submit]").first.click()
+    tab.wait_for_url(re.compile(rf"/user/{re.escape(user)}/lab"), timeout=180_000)
+    tab.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").wait_for(timeout=120_000)

@@ -39,38 +39,14 @@ from browser_helpers import chromium, require_chromium, screenshot_dir
 ROOT = Path(__file__).resolve().parents[1]
 LAB = hh.LAB
 VALIDATE_TIMEOUT_S = 240
-LOOPBACK = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/")
-
-
-class Loopback:
-    """Every request of a browser context: loopback passes, anything else is aborted and
-    kept in ``blocked``; ``hosts`` counts what was seen."""
-
-    def __init__(self, context):
-        self.blocked, self.seen = [], 0
-        context.route("**/*", self._route)
-
-    def _route(self, route):
-        url = route.request.url
-        self.seen += 1
-        if LOOPBACK.match(url) or url.startswith(("data:", "blob:", "about:")):
-            route.continue_()
-        else:
-            self.blocked.append(url)
-            route.abort()
+Loopback = hh.Loopback
 
 
 def _shot(tab, name):
     tab.screenshot(path=str(screenshot_dir(ROOT) / f"hub_{name}.png"))
 
 
-def _login(tab, hub, user):
-    tab.goto(hub.url + "hub/login")
-    tab.locator("input[name=username]").fill(user)
-    tab.locator("input[name=password]").fill(hub.passwords[user])
-    tab.locator("input[type=submit], button[type=submit]").first.click()
-    tab.wait_for_url(re.compile(rf"/user/{re.escape(user)}/lab"), timeout=180_000)
-    tab.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").wait_for(timeout=120_000)
+_login = hh.browser_login
 
 
 def _assignment_list(tab):

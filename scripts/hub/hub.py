@@ -9,20 +9,27 @@
 ``make hub`` runs setup then start; ``make hub-stop`` runs stop.  The state folder (default
 /srv/msda-hub, or $MSDA_HUB_STATE) holds:
 
-  settings.json    ports, accounts, paths (what jupyterhub_config.py reads)
+  settings.json    ports, accounts, paths, per-user limits (what jupyterhub_config.py reads)
   secrets.json     cookie secret and proxy token (0600, root)
   accounts.json    the accounts' password hashes (0600, root)
   passwords.txt    the generated passwords, to hand out (0600, root)
-  course/          the course directory (the instructor's; nbgrader_config.py, assignments/)
-  exchange/        nbgrader's exchange (release, submit, collect, feedback)
+  course/          the course directory: root's, shared with the instructor's group (3770,
+                   sticky); its nbgrader_config.py root's (0644), the rest the instructor's
+  exchange/        nbgrader's exchange with owners (autograde/exchange.py: root's root, the
+                   instructor's course folders, one inbound folder per student)
   config/student/  nbgrader and JupyterLab settings of the students' servers
-  config/instructor/  the same for the instructor's server
+  config/instructor/  the same for the instructor's server (sanitised formgrader pages,
+                   the script policy of autograde/instructor_view.py)
+  data/instructor/ nbconvert's MathJax macro for the formgrader (MathJax served locally)
   hub/             JupyterHub's database, pid files and log
 
 Every account is a system account (``useradd``), locked and without a shell; the hub starts
-each user's JupyterLab as that account (``LocalProcessSpawner``) in a home folder of mode
-0700.  This needs root; so does grading, whose sandbox gives each grading kernel a uid of its
-own.
+each user's JupyterLab as that account (``LocalProcessSpawner`` with the limits of
+hub_limits.py) in a home folder of mode 0700.  This needs root; so does grading, whose
+sandbox gives each grading kernel a uid of its own.  Root runs nothing an account can write:
+``grade`` checks that the course's config is still root's, keeps the course folder off
+Python's path and refuses links in it; ``chown_tree`` follows no link (book/hub.md: "Who is
+trusted with what").
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ import pwd
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -48,6 +56,10 @@ CHP = HERE / "node_modules" / ".bin" / "configurable-http-proxy"
 
 sys.path.insert(0, str(HERE))
 from hub_auth import hash_password  # noqa: E402
+from hub_limits import remove_groups, slice_for  # noqa: E402
+
+# each user's server and everything it starts (hub_limits.py; settings.json "limits")
+DEFAULT_LIMITS = {"memory_mb": 4096, "cpus": 1.0, "processes": 512, "file_mb": 2048}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -141,12 +153,32 @@ def revoke_traversal(group: str, folders: list[str]):
                        stderr=subprocess.DEVNULL)
 
 
-def chown_tree(path: Path, user: str):
+def chown_tree(path: Path, user: str, keep=(), log=sys.stderr) -> list[str]:
+    """Give everything under ``path`` (not ``path`` itself, not the paths in ``keep``) to
+    ``user``; returns what it refused.  No link is followed or changed (a link the account
+    made to a root-only file stays what it was), nor a file with several hard links that is
+    not the account's already (it may be another name of a file outside the tree)."""
     entry = pwd.getpwnam(user)
-    for folder, dirs, files in os.walk(path):
-        os.chown(folder, entry.pw_uid, entry.pw_gid)
-        for name in files:
-            os.chown(os.path.join(folder, name), entry.pw_uid, entry.pw_gid)
+    keep = {os.path.abspath(k) for k in keep}
+    refused = []
+    for folder, dirs, files in os.walk(path):          # os.walk never descends into links
+        for name in dirs + files:
+            target = os.path.join(folder, name)
+            if target in keep:
+                continue
+            info = os.lstat(target)
+            if stat.S_ISLNK(info.st_mode):
+                refused.append(f"{target}: a link, left as it is")
+                continue
+            if info.st_uid == entry.pw_uid and info.st_gid == entry.pw_gid:
+                continue
+            if not stat.S_ISDIR(info.st_mode) and info.st_nlink > 1:
+                refused.append(f"{target}: {info.st_nlink} hard links, left as it is")
+                continue
+            os.chown(target, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+    for line in refused:
+        log.write(f"chown: {line}\n")
+    return refused
 
 
 def settings(state: Path) -> dict:
@@ -154,6 +186,46 @@ def settings(state: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------- setup
+CONFIG_NAME = "nbgrader_config.py"
+
+
+def write_course_config(course: Path, text: str, instructor: str):
+    """The course folder and its nbgrader_config.py, which ``hub.py grade`` runs as root:
+    the folder is root's, shared with the instructor's group (mode 3770: the instructor
+    creates and changes her files in it; the sticky bit keeps her from renaming or
+    deleting root's), the config root's, mode 0644 (she reads it, only root changes it)."""
+    group = pwd.getpwnam(instructor).pw_gid
+    fd = os.open(course, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchown(fd, 0, group)
+        os.fchmod(fd, 0o3770)
+    finally:
+        os.close(fd)
+    path = course / CONFIG_NAME
+    tmp = course / f".{CONFIG_NAME}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)                  # a link or a file of hers there is replaced
+
+
+def course_config_problem(course: Path) -> str | None:
+    """Why root must not run ``course``'s nbgrader_config.py (None: root wrote it and
+    nobody else can have changed it)."""
+    folder = os.lstat(course)
+    if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != 0 or \
+            not folder.st_mode & stat.S_ISVTX or folder.st_mode & 0o002:
+        return (f"{course} is not root's sticky folder (owner {folder.st_uid}, mode "
+                f"{folder.st_mode & 0o7777:o}): run `sudo python scripts/hub/hub.py setup` again")
+    info = os.lstat(course / CONFIG_NAME)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022 or \
+            info.st_nlink != 1:
+        return (f"{course / CONFIG_NAME} is not a root-owned file that only root can write "
+                f"(owner {info.st_uid}, mode {info.st_mode & 0o7777:o}, {info.st_nlink} "
+                "links): run `sudo python scripts/hub/hub.py setup` again to rewrite it")
+    return None
+
+
 def course_config(state: Path, kernel_uid: int) -> str:
     """The course's nbgrader_config.py with the hub's paths: the repository's config, then
     the course root, the exchange, and a grading step that refuses to run unsandboxed."""
@@ -171,7 +243,56 @@ c.AutogradeSettings.kernel_uid = {kernel_uid}
 # a submission after the due date scores 0 (nbgrader's late penalties: "none" keeps the
 # score; a LateSubmissionPlugin subclass can take off points per hour instead)
 c.LateSubmissionPlugin.penalty_method = "zero"
-"""
+# the exchange's folders have owners (autograde/exchange.py: per-student inbound folders,
+# Collect takes regular files of the student's own, refuses and reports the rest)
+""" + "\n".join(exchange_lines()) + "\n"
+
+
+def exchange_lines() -> list[str]:
+    from autograde.exchange import config_lines
+    return config_lines()
+
+
+# The formgrader shows a student's submission as a page of the instructor's server:
+# nbconvert's sanitiser on, with the course's allowlist (autograde/instructor_view.py)
+SANITISED_VIEW = [
+    "c.HTMLExporter.sanitize_html = True",
+    "c.HTMLExporter.filters = {'clean_html': 'autograde.instructor_view.clean_html',",
+    "                          'markdown2html': 'autograde.instructor_view.markdown2html'}",
+]
+MATHJAX = REPO / "book" / "_vendor" / "mathjax"
+
+
+def mathjax_macro(base_url: str) -> str:
+    """nbconvert's ``mathjax`` macro (templates/base/mathjax.html.j2) for the instructor's
+    server: MathJax 3 from the server's own /static/ (book/_vendor/mathjax), its ``safe``
+    extension on (no \\href to javascript:, no \\style), and the two calls of MathJax 2's API
+    that the formgrader's page makes (``MathJax.Hub.Startup.signal.Interest``, ``Queue``)."""
+    src = f"{base_url}static/mathjax/es5/tex-svg-full.js"
+    return """{%- macro mathjax(url="") -%}
+<script>
+window.MathJax = {
+  loader: {load: ['ui/safe']},
+  tex: {inlineMath: [['$', '$'], ['\\\\(', '\\\\)']],
+        displayMath: [['$$', '$$'], ['\\\\[', '\\\\]']],
+        processEscapes: true, processEnvironments: true, tags: 'ams'},
+  options: {enableMenu: false}
+};
+</script>
+<script src="SRC"></script>
+<script>
+(function () {
+  var started = function () {
+    return (window.MathJax.startup && window.MathJax.startup.promise) || Promise.resolve();
+  };
+  window.MathJax.Hub = {
+    Startup: {signal: {Interest: function (fn) { started().then(function () { fn('End'); }); }}},
+    Queue: function () { started().then(function () { window.MathJax.typesetPromise(); }); }
+  };
+})();
+</script>
+{%- endmacro %}
+""".replace("SRC", src)
 
 
 def role_config(state: Path, role: str, instructor: str):
@@ -180,10 +301,21 @@ def role_config(state: Path, role: str, instructor: str):
     lines = ["c = get_config()  # noqa: F821",
              f"c.CourseDirectory.course_id = {COURSE_ID!r}",
              f"c.Exchange.root = {str(state / 'exchange')!r}"]
+    lines += exchange_lines()
     disabled = {}
     server_ext = {}
+    server = {}
     if role == "instructor":
         lines.append(f"c.CourseDirectory.root = {str(state / 'course')!r}")
+        lines += SANITISED_VIEW
+        # every page of the instructor's server: a script policy (autograde/instructor_view.py)
+        server_ext = {"autograde.instructor_view": True}
+        server["extra_static_paths"] = [str(MATHJAX.parent)]
+        macro = state / "data" / role / "nbconvert" / "templates" / "base" / "mathjax.html.j2"
+        macro.parent.mkdir(parents=True, exist_ok=True)
+        macro.write_text(mathjax_macro(f"/user/{instructor}/"))
+        for path in [state / "data", *(state / "data").rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
     else:
         # students see the assignment list and the Validate button, not the instructor's tools
         disabled = {f"@jupyter/nbgrader:{p}": True
@@ -196,7 +328,7 @@ def role_config(state: Path, role: str, instructor: str):
     (folder / "labconfig" / "page_config.json").write_text(
         json.dumps({"disabledExtensions": disabled}, indent=1) + "\n")
     (folder / "jupyter_server_config.json").write_text(json.dumps(
-        {"ServerApp": {"jpserver_extensions": server_ext},
+        {"ServerApp": {"jpserver_extensions": server_ext, **server},
          "LabApp": {"news_url": None,
                     "check_for_updates_class": "jupyterlab.NeverCheckForUpdate"}},
         indent=1) + "\n")
@@ -206,7 +338,8 @@ def role_config(state: Path, role: str, instructor: str):
 
 def setup(state: Path, instructor: str, students: list[str], port=8000, hub_port=8081,
           proxy_api_port=8001, labs=None, passwords: dict | None = None,
-          logins: bool = True, group: str = "msda-hub", kernel_uid: int = 64300) -> dict:
+          logins: bool = True, group: str = "msda-hub", kernel_uid: int = 64300,
+          limits: dict | None = None) -> dict:
     """Create (or refresh) everything the hub needs; returns {user: password} for accounts
     whose password was generated or given now.  ``logins=False`` gives no account a
     password (a class that only uses the exchange, as scripts/hub/scale.py does)."""
@@ -237,7 +370,9 @@ def setup(state: Path, instructor: str, students: list[str], port=8000, hub_port
             "course": str(state / "course"), "exchange": str(state / "exchange"),
             "repo": str(REPO), "venv_bin": str(VENV_BIN), "course_id": COURSE_ID,
             "created_accounts": sorted(set(created)), "acl_folders": granted,
-            "group": group, "created_group": created_group}
+            "group": group, "created_group": created_group,
+            "limits": {**DEFAULT_LIMITS, **known.get("limits", {}), **(limits or {})},
+            "cgroup_slice": slice_for(state)}
     (state / "settings.json").write_text(json.dumps(conf, indent=1) + "\n")
 
     if not (state / "secrets.json").exists():
@@ -260,19 +395,20 @@ def setup(state: Path, instructor: str, students: list[str], port=8000, hub_port
         _write_private(state / "passwords.txt", "\n".join(
             keep + [f"{n} {p}" for n, p in new.items()]) + "\n")
 
-    exchange = state / "exchange"
-    exchange.mkdir(exist_ok=True)
-    exchange.chmod(0o777)                 # nbgrader's exchange: every account writes to it
+    # the exchange: root's folder, the course's folders the instructor's, one inbound
+    # folder per student that only she writes (autograde/exchange.py says why)
+    from autograde.exchange import layout
+    layout(str(state / "exchange"), COURSE_ID, instructor, students)
     course = state / "course"
-    (course / "assignments").mkdir(parents=True, exist_ok=True)
-    (course / "nbgrader_config.py").write_text(course_config(state, kernel_uid))
+    course.mkdir(exist_ok=True)
+    (course / "assignments").mkdir(exist_ok=True)
     for lab in labs or sorted(p.name for p in (REPO / "assignments").iterdir() if p.is_dir()):
         target = course / "assignments" / lab
         if not target.exists():
             shutil.copytree(REPO / "assignments" / lab, target,
                             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    chown_tree(course, instructor)
-    course.chmod(0o700)
+    chown_tree(course, instructor, keep=[course / CONFIG_NAME])
+    write_course_config(course, course_config(state, kernel_uid), instructor)
     for role in ("student", "instructor"):
         role_config(state, role, instructor)
     return new
@@ -336,6 +472,14 @@ def clean_up(state: Path, log=sys.stderr) -> list:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    # the users' cgroups (empty once their processes are gone), then the hub's own
+    slice_name = settings(state).get("cgroup_slice")
+    if slice_name:
+        parents = [p for p in Path("/sys/fs/cgroup").glob(f"*/{slice_name}") if p.is_dir()]
+        parents += [Path("/sys/fs/cgroup") / slice_name] \
+            if (Path("/sys/fs/cgroup") / slice_name).is_dir() else []
+        for parent in parents:
+            remove_groups([g for g in parent.iterdir() if g.is_dir()] + [parent])
     return found
 
 
@@ -408,21 +552,52 @@ def stop(state: Path, timeout=90) -> int:
 
 
 # ---------------------------------------------------------------------------- grading
-def grade(state: Path, lab: str, extra=()) -> int:
+def links_in(path: Path) -> list[str]:
+    """Every symbolic link under ``path`` (none is followed)."""
+    found = []
+    for folder, dirs, files in os.walk(path):
+        found += [os.path.join(folder, n) for n in dirs + files
+                  if os.path.islink(os.path.join(folder, n))]
+    return sorted(found)
+
+
+def grade(state: Path, lab: str, extra=(), log=sys.stderr) -> int:
     """``python -m autograde grade LAB`` on the course folder, as root (the sandbox gives
     every kernel its own uid), then hand the outputs back to the instructor's account so
-    that the formgrader and feedback work from the instructor's server."""
+    that the formgrader and feedback work from the instructor's server.
+
+    Root runs no file that the instructor's account can write: the course's
+    nbgrader_config.py must be root's own (``course_config_problem``), Python does not put
+    the course folder on its import path (``-P``, PYTHONSAFEPATH), and grading refuses to
+    start while the course folder holds a link (root writes logs and results there; a link
+    would take those writes elsewhere)."""
     require_root()
     conf = settings(state)
+    course = Path(conf["course"])
+    problem = course_config_problem(course)
+    if problem:
+        log.write(f"hub.py grade: not grading: {problem}\n")
+        return 2
+    links = links_in(course)
+    if links:
+        log.write("hub.py grade: not grading: the course folder holds links, which the "
+                  "grading step (root) would write through:\n" +
+                  "".join(f"  {link} -> {os.readlink(link)}\n" for link in links) +
+                  "remove them (they are not the course's) and grade again\n")
+        return 2
+    refused = course / "refused" / lab / "report.txt"
+    if refused.is_file():
+        log.write(f"hub.py grade: Collect refused submissions of {lab}; see {refused}\n")
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     # the course's packages from the environment's install, as in every user's server: the
     # sandbox shows a kernel the folders the grader imported them from, nothing else
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(VENV_BIN / "python"), "-m", "autograde", "grade", lab,
+    env["PYTHONSAFEPATH"] = "1"          # and never a module from the course folder
+    proc = subprocess.run([str(VENV_BIN / "python"), "-P", "-m", "autograde", "grade", lab,
                            "--root", conf["course"], "--no-progress", *extra],
                           cwd=conf["course"], env=env)
-    chown_tree(Path(conf["course"]), conf["instructor"])
+    chown_tree(course, conf["instructor"], keep=[course / CONFIG_NAME], log=log)
     return proc.returncode
 
 

@@ -3,9 +3,10 @@ state it reads).
 
 One machine, root-run hub:
 - log-in: ``HashedPasswordAuthenticator`` (scripts/hub/hub_auth.py), hub-only passwords;
-- servers: ``LocalProcessSpawner``, each user's JupyterLab as that user's own system account,
-  in a home folder of mode 0700: a student cannot read another student's files, and the
-  course folder (gradebook, sources with solutions) belongs to the instructor alone;
+- servers: ``LocalProcessSpawner`` (with per-user limits: hub_limits.py), each user's
+  JupyterLab as that user's own system account, in a home folder of mode 0700: a student
+  cannot read another student's files, and the course folder (gradebook, sources with
+  solutions) is shared with the instructor alone;
 - everything listens on 127.0.0.1: the proxy's public and API ports, the hub's own port, the
   single-user servers;
 - secrets (cookie secret, proxy token) come from ``secrets.json`` (0600, root).
@@ -56,7 +57,15 @@ c.HashedPasswordAuthenticator.accounts_file = str(STATE / "accounts.json")
 c.Authenticator.allowed_users = set([SETTINGS["instructor"], *SETTINGS["students"]])
 
 # ---------------------------------------------------------------- the users' servers
-c.JupyterHub.spawner_class = "jupyterhub.spawner.LocalProcessSpawner"
+# LocalProcessSpawner with per-user limits (scripts/hub/hub_limits.py: cgroups where the
+# host lets root make them, rlimits always)
+c.JupyterHub.spawner_class = "hub_limits.LimitedSpawner"
+LIMITS = SETTINGS.get("limits", {})
+c.Spawner.mem_limit = f"{LIMITS.get('memory_mb', 4096)}M"
+c.Spawner.cpu_limit = float(LIMITS.get("cpus", 1.0))
+c.LimitedSpawner.max_processes = int(LIMITS.get("processes", 512))
+c.LimitedSpawner.max_file_mb = int(LIMITS.get("file_mb", 2048))
+c.LimitedSpawner.slice_name = SETTINGS.get("cgroup_slice", "msda-hub")
 c.Spawner.cmd = [str(Path(SETTINGS["venv_bin"]) / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 180                # a loaded 2-core host starts JupyterLab slowly
@@ -77,6 +86,8 @@ def _per_role(spawner):
     spawner.environment["JUPYTER_CONFIG_PATH"] = str(STATE / "config" / role)
     if role == "instructor":
         spawner.notebook_dir = SETTINGS["course"]
+        # nbconvert's templates look here first: the formgrader's MathJax macro, local
+        spawner.environment["JUPYTER_PATH"] = str(STATE / "data" / role)
     else:
         spawner.notebook_dir = "~"
 

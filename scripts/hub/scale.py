@@ -8,11 +8,12 @@ folder, the exchange; the hub itself need not run, the exchange is a folder):
 
 1. the instructor's account generates and releases the lab (``nbgrader generate_assignment``,
    ``release_assignment``);
-2. every student, as their own uid, fetches the lab and submits through nbgrader's exchange
-   (``ExchangeFetchAssignment`` and ``ExchangeSubmit``, the calls behind the Assignment List's
-   Fetch and Submit buttons), ``--submitters`` at a time; the answers cycle through the source
-   notebook's solutions (10/10), lab 01's typical (y, x) mistake (6/10) and the untouched
-   release (0/10), built as tests/hub_helpers.py builds them;
+2. every student, as their own uid, fetches the lab and submits through the hub's exchange
+   (autograde/exchange.py's ``FetchAssignment`` and ``Submit``, on nbgrader's, the calls
+   behind the Assignment List's Fetch and Submit buttons), ``--submitters`` at a time; the
+   answers cycle through the source notebook's solutions (10/10), lab 01's typical (y, x)
+   mistake (6/10) and the untouched release (0/10), built as tests/hub_helpers.py builds
+   them;
 3. the instructor's account collects (``nbgrader collect``);
 4. ``hub.py grade`` grades as root in the sandbox (``python -m autograde grade``);
 5. every score is checked against its case, and the timings go to the results file with the
@@ -68,6 +69,8 @@ from nbgrader.coursedir import CourseDirectory  # noqa: E402
 from nbgrader.exchange import ExchangeFactory  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
+from autograde.exchange import CLASSES as EXCHANGE_CLASSES  # noqa: E402
+
 
 def _submit_as(user: str, exchange: str, lab: str, notebook_text: str):
     """In a forked child: become ``user``, fetch and submit through nbgrader's exchange."""
@@ -87,6 +90,8 @@ def _submit_as(user: str, exchange: str, lab: str, notebook_text: str):
         config.CourseDirectory.course_id = course_hub.COURSE_ID
         config.CourseDirectory.assignment_id = lab
         config.CourseDirectory.root = entry.pw_dir
+        for name, cls in EXCHANGE_CLASSES.items():       # the hub's exchange (owned folders)
+            setattr(config.ExchangeFactory, name, cls)
         factory = ExchangeFactory(config=config)
         for step in (factory.FetchAssignment, None, factory.Submit):
             if step is None:
@@ -204,7 +209,8 @@ def run(students: int, lab: str, workers, submitters: int, keep: bool, argv) -> 
         phases["submit"] = time.monotonic() - t0
         if failed:
             raise SystemExit(f"{len(failed)} submission(s) failed: {failed[:5]}")
-        inbound = list((state / "exchange" / course_hub.COURSE_ID / "inbound").iterdir())
+        inbound = list((state / "exchange" / course_hub.COURSE_ID / "inbound").glob(
+            f"*/*+{lab}+*"))
         assert len(inbound) == students, (len(inbound), students)
 
         t0 = time.monotonic()
