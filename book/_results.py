@@ -181,6 +181,20 @@ def planned_function(direction: str, preset: str, dtype: str) -> str:
     return KERNEL_FUNCTIONS[kind.split("-")[0]].format(direction=direction)
 
 
+ELEMENTS = {2: "16-bit", 4: "fp32", 8: "fp64"}
+
+
+def plan_uses(family: str) -> str:
+    """Where the shipped plan launches a kernel family ("loop", "tiled" or "rows"), as
+    'forward: large fp32, small 16-bit; backward: none'."""
+    parts = []
+    for direction, table in shipped_plan().items():
+        where = [f"{key.split(',')[0]} {ELEMENTS[int(key.split(',')[1])]}"
+                 for key, entry in table.items() if entry[0].split("-")[0] == family]
+        parts.append(f"{direction}: {', '.join(where) or 'none'}")
+    return "; ".join(parts)
+
+
 def plan_story(name: str) -> str:
     """One sentence: which plan the runs of ``results/<name>`` used, against the code's."""
     data = load(name)

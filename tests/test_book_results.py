@@ -603,8 +603,10 @@ def test_a_plan_that_contradicts_its_commit_fails_to_load(tmp_path):
 
 # chapter -> the cells that state which kernel runs where (their setup cell first)
 PLAN_CELLS = {
-    "ch02_the_machine.ipynb": ("cell-001", "ch2-occupancy-table", "ch2-occupancy-lies"),
+    "ch02_the_machine.ipynb": ("cell-001", "ch2-simt-facts", "ch2-occupancy-table",
+                               "ch2-occupancy-lies"),
     "ch04_the_forward_kernel.ipynb": ("cell-001", "cell-005", "ch04-regimes", "ch04-plan"),
+    "ch06_measuring.ipynb": ("ch06-01-12d2fb", "ch06-29-1c97d7"),
 }
 
 
@@ -622,5 +624,24 @@ def test_a_changed_plan_entry_fails_the_chapter(tmp_path, chapter):
     notebook.cells.insert(1, nbformat.v4.new_code_cell(
         "from source_kernels import forward as _f\n"
         "_f.FORWARD_PLAN['large', 2] = ('loop', 16, 2)\n"))
-    with pytest.raises(nbclient.exceptions.CellExecutionError, match="plan|bench_h200"):
+    with pytest.raises(nbclient.exceptions.CellExecutionError,
+                       match="plan|timed another encoder forward"):
         _execute(notebook, chapters)
+
+
+def test_the_operator_page_names_the_kernels_the_plan_runs(tmp_path):
+    """book/operator.md's module table says where the plan runs each kernel family; it must
+    say what FORWARD_PLAN / BACKWARD_PLAN say, and name every module that holds a kernel the
+    plan launches."""
+    results = _book_results(tmp_path, {})
+    page = (ROOT / "book" / "operator.md").read_text()
+    modules = {"loop": "`source_kernels/forward.py`, `backward.py`",
+               "tiled": "`source_kernels/tiled.py`", "rows": "`source_kernels/rows.py`"}
+    for family, module in modules.items():
+        row = next((line for line in page.splitlines() if line.startswith(f"| {module} |")),
+                   None)
+        assert row is not None, f"operator.md has no row for {module}"
+        assert results.plan_uses(family) in row, (family, row)
+    families = {entry[0].split("-")[0] for table in results.shipped_plan().values()
+                for entry in table.values()}
+    assert families <= set(modules), families
