@@ -113,6 +113,7 @@ def provenance_problem(name: str, data: dict | None = None) -> str | None:
 
     - it has no ``provenance`` block, or the block says neither when (``date``) nor how
       (one of ``command``, ``source``, ``method``) the file was made;
+    - it is a dry run of its script (``"dry_run": true``), whose numbers are not GPU times;
     - it records the launch plan it ran (``plan_used``) and names the commit of its code
       (``code_commit``), and that plan is neither the commit's own nor, for a run that
       wrote a sweep's plan into the code before it ran (``scripts/gpu/run_all.sh``), the
@@ -132,6 +133,8 @@ def provenance_problem(name: str, data: dict | None = None) -> str | None:
         return "its provenance has no date"
     if not any(prov.get(key) for key in MADE_BY):
         return "its provenance says neither the command nor the source that made it"
+    if data.get("dry_run"):
+        return "it is a dry run of its script on a CPU (\"dry_run\": true), not a measurement"
     commit = prov.get("code_commit")
     if "plan_used" in data and commit:
         at_commit = _plan_at(commit)

@@ -566,8 +566,11 @@ def test_a_results_file_without_provenance_fails_to_load(tmp_path):
     results = _book_results(tmp_path, {"x_h200.json": {"rows": []},
                                        "y_h200.json": {"provenance": {"gpu": "G"}, "rows": []},
                                        "z_h200.json": {"provenance": {"date": "2026-12-01",
-                                                                      "command": "c"}}})
-    for name in ("x_h200.json", "y_h200.json"):
+                                                                      "command": "c"}},
+                                       "dry_h200.json": {"provenance": {"date": "2026-12-01",
+                                                                        "command": "c"},
+                                                         "dry_run": True}})
+    for name in ("x_h200.json", "y_h200.json", "dry_h200.json"):
         with pytest.raises(results.ResultsError):
             results.load(name)
     assert results.load("z_h200.json")["provenance"]["command"] == "c"
