@@ -648,3 +648,32 @@ def test_the_operator_page_names_the_kernels_the_plan_runs(tmp_path):
     families = {entry[0].split("-")[0] for table in results.shipped_plan().values()
                 for entry in table.values()}
     assert families <= set(modules), families
+
+
+def test_chapter6_quotes_an_ncu_profile_only_with_provenance(tmp_path):
+    """The committed profile has no provenance: chapter 6 says so and quotes none of it. A
+    profile of the shape a re-run writes (provenance, today's kernels; synthetic, in a
+    temporary folder) is quoted; one that profiles another plan's kernels fails the cell."""
+    import nbclient.exceptions
+
+    committed = _load("ncu_h200.json")
+    ids = ("ch06-01-12d2fb", "ch06-22g-limits")
+    chapters = _scratch_book(tmp_path / "committed", None)
+    text = _execute(_cells(chapters / "ch06_measuring.ipynb", ids), chapters)["text"]
+    assert "not quoted" in text and "busiest unit (% of its peak)" not in text
+    results = _book_results(tmp_path / "plan", {})
+    fresh = copy.deepcopy(committed)
+    fresh["provenance"] = {"gpu": "synthetic GPU for a test", "date": "2026-12-01",
+                           "command": "scripts/gpu/run_all.sh ncu"}
+    for launch in fresh["launches"]:
+        preset, _, dtype, direction = launch["case"].split()
+        launch["kernel"] = results.planned_function(direction, preset, dtype)
+    files = {p.name: json.loads(p.read_text()) for p in RESULTS.glob("*.json")}
+    chapters = _scratch_book(tmp_path / "fresh", {**files, "ncu_h200.json": fresh})
+    text = _execute(_cells(chapters / "ch06_measuring.ipynb", ids), chapters)["text"]
+    assert "busiest unit (% of its peak)" in text and " rows " in text, text
+    stale = copy.deepcopy(fresh)
+    stale["launches"][2]["kernel"] = "_msda_forward_kernel"          # an earlier plan's
+    chapters = _scratch_book(tmp_path / "stale", {**files, "ncu_h200.json": stale})
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="another plan"):
+        _execute(_cells(chapters / "ch06_measuring.ipynb", ids), chapters)
