@@ -69,23 +69,31 @@ def registers_vs_warps(launches: list[dict], notes: dict[str, tuple[float, float
             color=_figures.NEUTRAL, lw=1.8, label="most warps the register file holds")
     for launch in launches:
         possible = resident_warps(launch["registers"], launch["warps_per_block"])
-        active = launch["active_pct"] / 100 * MAX_WARPS_PER_SM
+        measured = launch.get("active_pct") is not None
+        active = launch["active_pct"] / 100 * MAX_WARPS_PER_SM if measured else possible
         named = launch["label"] in notes
         color = LOAD_COLOR if named else _figures.BYTES_USED
-        ax.plot([launch["registers"]] * 2, [active, possible], color=color, lw=1, alpha=0.6)
         ax.plot(launch["registers"], possible, "_", color=color, ms=12, mew=2)
-        ax.plot(launch["registers"], active, "o", color=color, ms=6 if named else 4.5,
-                zorder=3)
+        if measured:
+            ax.plot([launch["registers"]] * 2, [active, possible], color=color, lw=1,
+                    alpha=0.6)
+            ax.plot(launch["registers"], active, "o", color=color, ms=6 if named else 4.5,
+                    zorder=3)
         if named:
             ax.annotate(f"{launch['label']}: {launch['registers']} registers,\n"
-                        f"{possible} warps possible, {active:.1f} active "
-                        f"({launch['active_pct']:.0f} %)",
+                        f"{possible} warps possible"
+                        + (f", {active:.1f} active ({launch['active_pct']:.0f} %)"
+                           if measured else ""),
                         (launch["registers"], active), xytext=notes[launch["label"]],
                         textcoords="data", ha="left", va="center", fontsize=SMALL,
                         arrowprops=dict(arrowstyle="-", color=color, lw=0.8))
-    ax.plot([], [], "o", color=_figures.BYTES_USED, label="a profiled launch: warps active")
-    ax.plot([], [], "_", color=_figures.BYTES_USED, ms=12, mew=2,
-            label="the same launch: warps possible")
+    if any(launch.get("active_pct") is not None for launch in launches):
+        ax.plot([], [], "o", color=_figures.BYTES_USED, label="a profiled launch: warps active")
+        ax.plot([], [], "_", color=_figures.BYTES_USED, ms=12, mew=2,
+                label="the same launch: warps possible")
+    else:
+        ax.plot([], [], "_", color=_figures.BYTES_USED, ms=12, mew=2,
+                label="a kernel of the plan: warps possible")
     ax.set_xlim(0, 260)
     ax.set_ylim(0, 68)
     ax.set_yticks([0, 8, 16, 24, 32, 40, 48, 56, 64])

@@ -28,12 +28,191 @@ ROOT = Path(__file__).resolve().parents[1]       # the repository
 RESULTS = ROOT / "results"
 
 
-def load(name: str) -> dict | None:
-    """The parsed results file ``results/<name>``, or None when it is not there."""
+class ResultsError(RuntimeError):
+    """A results file the book must not quote: no provenance, or provenance that its
+    content contradicts.  Raised while the page executes, so the build fails."""
+
+
+def _raw(name: str) -> dict | None:
     path = RESULTS / name
     if not path.is_file():
         return None
     return json.loads(path.read_text())
+
+
+def load(name: str) -> dict | None:
+    """The parsed results file ``results/<name>``, or None when it is not there.
+
+    Raises ResultsError for a file the book must not quote (``provenance_problem``)."""
+    data = _raw(name)
+    if data is None:
+        return None
+    problem = provenance_problem(name, data)
+    if problem:
+        raise ResultsError(f"results/{name}: {problem}")
+    return data
+
+
+# ------------------------------------------------------------------ provenance checks
+MADE_BY = ("command", "source", "method")      # how a file was made: one of these, at least
+
+
+def _code_repository() -> Path:
+    """The git checkout of the source_kernels package this page imports."""
+    import source_kernels
+
+    return Path(source_kernels.__file__).resolve().parents[1]
+
+
+def _plan_at(commit: str) -> dict | None:
+    """{"forward": {"regime,size": [kernel, BLOCK_Q, warps]}, "backward": ...} of
+    FORWARD_PLAN / BACKWARD_PLAN in the repository at ``commit`` (None where git cannot
+    show it)."""
+    import ast
+    import subprocess
+
+    plan = {}
+    for direction, filename, name in (("forward", "forward.py", "FORWARD_PLAN"),
+                                      ("backward", "backward.py", "BACKWARD_PLAN")):
+        shown = subprocess.run(["git", "show", f"{commit}:source_kernels/{filename}"],
+                               cwd=_code_repository(), capture_output=True, text=True)
+        if shown.returncode != 0:
+            return None
+        tree = ast.parse(shown.stdout)
+        table = next(ast.literal_eval(node.value) for node in tree.body
+                     if isinstance(node, ast.Assign)
+                     and any(getattr(t, "id", None) == name for t in node.targets))
+        plan[direction] = {f"{r},{s}": list(v) for (r, s), v in table.items()}
+    return plan
+
+
+def shipped_plan() -> dict:
+    """The launch plan of the code this page runs, in the results files' form."""
+    from source_kernels import backward, forward
+
+    return {direction: {f"{r},{s}": list(v) for (r, s), v in table.items()}
+            for direction, table in (("forward", forward.FORWARD_PLAN),
+                                     ("backward", backward.BACKWARD_PLAN))}
+
+
+def plan_differences(plan: dict, other: dict) -> list[str]:
+    """'forward large,2: loop 16/2 -> rows-sample-hm 32/4' for each entry that differs."""
+    def text(entry):
+        return "none" if entry is None else f"{entry[0]} {entry[1]}/{entry[2]}"
+    found = []
+    for direction in ("forward", "backward"):
+        a, b = plan.get(direction, {}), other.get(direction, {})
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                found.append(f"{direction} {key}: {text(a.get(key))} -> {text(b.get(key))}")
+    return found
+
+
+def provenance_problem(name: str, data: dict | None = None) -> str | None:
+    """Why the book must not quote ``results/<name>``, or None when it may:
+
+    - it has no ``provenance`` block, or the block says neither when (``date``) nor how
+      (one of ``command``, ``source``, ``method``) the file was made;
+    - it is a dry run of its script (``"dry_run": true``), whose numbers are not GPU times;
+    - it records the launch plan it ran (``plan_used``) and names the commit of its code
+      (``code_commit``), and that plan is neither the commit's own nor, for a run that
+      wrote a sweep's plan into the code before it ran (``scripts/gpu/run_all.sh``), the
+      plan of ``results/sweep_h200.json`` from the same commit;
+    - it is a sweep (``plan`` chosen from its rows) whose ``plan_used`` is not its ``plan``
+      with the commit's entries kept where the sweep had no correct candidate;
+    - it records the plan of another commit (``provenance.this_repository_plan``) that
+      git shows otherwise.
+    """
+    data = _raw(name) if data is None else data
+    if data is None:
+        return "the file is absent"
+    prov = data.get("provenance")
+    if not isinstance(prov, dict) or not prov:
+        return "no provenance block (when, where and by what command it was measured)"
+    if not prov.get("date"):
+        return "its provenance has no date"
+    if not any(prov.get(key) for key in MADE_BY):
+        return "its provenance says neither the command nor the source that made it"
+    if data.get("dry_run"):
+        return "it is a dry run of its script on a CPU (\"dry_run\": true), not a measurement"
+    commit = prov.get("code_commit")
+    if "plan_used" in data and commit:
+        at_commit = _plan_at(commit)
+        if at_commit is None:
+            return f"git cannot show the plan of its code_commit {commit}"
+        used = data["plan_used"]
+        if "plan" in data and "sweep" in data:            # a sweep: chose, then applied
+            expected = {d: dict(at_commit[d], **data["plan"].get(d, {})) for d in at_commit}
+            if used != expected:
+                return ("its plan_used is not the sweep's plan over its commit's: "
+                        + "; ".join(plan_differences(expected, used)))
+        elif used != at_commit:
+            sweep = _raw("sweep_h200.json") if name != "sweep_h200.json" else None
+            same_run = (sweep is not None
+                        and sweep.get("provenance", {}).get("code_commit") == commit)
+            if not (same_run and sweep.get("plan_used") == used):
+                return (f"its plan_used is neither the plan of its code_commit {commit} "
+                        "nor the plan a sweep of that commit wrote: "
+                        + "; ".join(plan_differences(at_commit, used)))
+    recorded = prov.get("this_repository_plan")
+    if isinstance(recorded, dict) and recorded.get("commit"):
+        at_commit = _plan_at(recorded["commit"])
+        if at_commit is None:
+            return f"git cannot show the plan of commit {recorded['commit']}"
+        mine = {d: recorded.get(d, {}) for d in ("forward", "backward")}
+        if mine != at_commit:
+            return (f"the plan it records for commit {recorded['commit']} is not that "
+                    "commit's: " + "; ".join(plan_differences(at_commit, mine)))
+    return None
+
+
+KERNEL_FUNCTIONS = {"loop": "_msda_{direction}_kernel", "tiled": "_msda_{direction}_tiled_kernel",
+                    "rows": "_msda_{direction}_rows_kernel"}
+
+
+def planned_function(direction: str, preset: str, dtype: str) -> str:
+    """The Triton function the shipped plan launches for ``direction`` ("forward" or
+    "backward") of a preset in a dtype ("bf16", "bfloat16", "fp32", "float32", ...)."""
+    from source_kernels import backward, forward
+    from source_kernels.inputs import PRESETS, pyramid_shapes
+
+    p = PRESETS[preset]
+    size = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4,
+            "fp64": 8, "float64": 8}[dtype]
+    plan = forward.FORWARD_PLAN if direction == "forward" else backward.BACKWARD_PLAN
+    kind = forward.planned(plan, p.batch, p.num_queries(pyramid_shapes()), p.heads, size)[0]
+    return KERNEL_FUNCTIONS[kind.split("-")[0]].format(direction=direction)
+
+
+ELEMENTS = {2: "16-bit", 4: "fp32", 8: "fp64"}
+
+
+def plan_uses(family: str) -> str:
+    """Where the shipped plan launches a kernel family ("loop", "tiled" or "rows"), as
+    'forward: large fp32, small 16-bit; backward: none'."""
+    parts = []
+    for direction, table in shipped_plan().items():
+        where = [f"{key.split(',')[0]} {ELEMENTS[int(key.split(',')[1])]}"
+                 for key, entry in table.items() if entry[0].split("-")[0] == family]
+        parts.append(f"{direction}: {', '.join(where) or 'none'}")
+    return "; ".join(parts)
+
+
+def plan_story(name: str) -> str:
+    """One sentence: which plan the runs of ``results/<name>`` used, against the code's."""
+    data = load(name)
+    prov = data["provenance"]
+    used = data["plan_used"]
+    commit = prov.get("code_commit")
+    sentence = f"`results/{name}` ran the launch plan it records (`plan_used`)"
+    if commit and _plan_at(commit) != used:
+        sentence += (f"; its code was commit {commit}, with the plan of the same run's sweep "
+                     "written into it first (`scripts/gpu/run_all.sh`)")
+    differs = plan_differences(used, shipped_plan())
+    sentence += (", which is the plan this page runs" if not differs else
+                 f", which differs from the plan this page runs in {len(differs)} "
+                 f"entr{'y' if len(differs) == 1 else 'ies'} ({'; '.join(differs)})")
+    return sentence + "."
 
 
 def provenance_line(provenance: dict) -> str:
@@ -62,9 +241,13 @@ def gpu_note(name: str, command: str) -> Markdown:
             "a machine with a CUDA GPU. Everything else on this page runs without a GPU.")
     prov = data.get("provenance", {})
     made_by = prov.get("command", command)
-    return Markdown(
-        f"Measured on {provenance_line(prov)} by `{made_by}`, read from `results/{name}`. "
-        "Everything else on this page runs without a GPU.")
+    text = f"Measured on {provenance_line(prov)} by `{made_by}`, read from `results/{name}`."
+    for run in data.get("filled_in", []):
+        later = run.get("provenance", {})
+        text += (f" The rows marked *filled in* ({len(run.get('measured', []))} cases) were "
+                 f"measured later, on {provenance_line(later)} by "
+                 f"`{later.get('command', '?')}`.")
+    return Markdown(text + " Everything else on this page runs without a GPU.")
 
 
 # ------------------------------------------------------------------ the book's timing words

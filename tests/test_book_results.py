@@ -544,3 +544,136 @@ def test_chapters_read_refilled_results(tmp_path):
     assert f"{median:,.0f} of 1,000 elements differ" in hardware["text"], hardware["text"]
     assert "synthetic GPU for a test" in hardware["text"]
 
+
+
+# ------------------------------------------------- provenance, and prose bound to the plan
+
+def _book_results(tmp_path: Path, files: dict[str, dict]):
+    """book/_results.py reading ``files`` (name -> data) as its results folder."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_results_copy", ROOT / "book" / "_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    folder = tmp_path / "results"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_text(json.dumps(data))
+    module.RESULTS = folder
+    return module
+
+
+def test_a_results_file_without_provenance_fails_to_load(tmp_path):
+    results = _book_results(tmp_path, {"x_h200.json": {"rows": []},
+                                       "y_h200.json": {"provenance": {"gpu": "G"}, "rows": []},
+                                       "z_h200.json": {"provenance": {"date": "2026-12-01",
+                                                                      "command": "c"}},
+                                       "dry_h200.json": {"provenance": {"date": "2026-12-01",
+                                                                        "command": "c"},
+                                                         "dry_run": True}})
+    for name in ("x_h200.json", "y_h200.json", "dry_h200.json"):
+        with pytest.raises(results.ResultsError):
+            results.load(name)
+    assert results.load("z_h200.json")["provenance"]["command"] == "c"
+    assert results.load("absent.json") is None
+
+
+def test_a_plan_that_contradicts_its_commit_fails_to_load(tmp_path):
+    bench = json.loads((RESULTS / "bench_h200.json").read_text())
+    sweep = json.loads((RESULTS / "sweep_h200.json").read_text())
+    peers = json.loads((RESULTS / "peers_h200.json").read_text())
+    good = _book_results(tmp_path, {"bench_h200.json": bench, "sweep_h200.json": sweep,
+                                    "peers_h200.json": peers})
+    for name in ("bench_h200.json", "sweep_h200.json", "peers_h200.json"):
+        assert good.provenance_problem(name) is None, name
+    # the benchmark says it ran another plan than its commit's and than the sweep's
+    wrong = copy.deepcopy(bench)
+    wrong["plan_used"]["forward"]["large,2"] = ["loop", 16, 2]
+    # a sweep whose plan_used is not its plan applied over its commit's
+    wrong_sweep = copy.deepcopy(sweep)
+    wrong_sweep["plan"]["forward"]["small,2"] = ["rows", 8, 2]
+    # a transcription whose recorded plan is not its commit's
+    wrong_peers = copy.deepcopy(peers)
+    wrong_peers["provenance"]["this_repository_plan"]["forward"]["small,2"] = ["rows", 2, 1]
+    bad = _book_results(tmp_path / "bad", {"bench_h200.json": wrong, "sweep_h200.json": sweep,
+                                           "s2_h200.json": wrong_sweep,
+                                           "peers_h200.json": wrong_peers})
+    for name, words in (("bench_h200.json", "neither the plan of its code_commit"),
+                        ("s2_h200.json", "not the sweep's plan"),
+                        ("peers_h200.json", "is not that commit's")):
+        with pytest.raises(bad.ResultsError, match=words):
+            bad.load(name)
+
+
+# chapter -> the cells that state which kernel runs where (their setup cell first)
+PLAN_CELLS = {
+    "ch02_the_machine.ipynb": ("cell-001", "ch2-simt-facts", "ch2-occupancy-table",
+                               "ch2-occupancy-lies"),
+    "ch04_the_forward_kernel.ipynb": ("cell-001", "cell-005", "ch04-regimes", "ch04-plan"),
+    "ch06_measuring.ipynb": ("ch06-01-12d2fb", "ch06-29-1c97d7"),
+}
+
+
+@pytest.mark.parametrize("chapter", sorted(PLAN_CELLS))
+def test_a_changed_plan_entry_fails_the_chapter(tmp_path, chapter):
+    """The cells that say which kernel runs where pass as committed and fail once one
+    entry of the plan changes (in the executing kernel only: the package is untouched)."""
+    import nbclient.exceptions
+
+    chapters = _scratch_book(tmp_path, None)
+    shutil.copy(CHAPTERS / chapter, chapters / chapter)
+    ids = PLAN_CELLS[chapter]
+    _execute(_cells(chapters / chapter, ids), chapters)
+    notebook = _cells(chapters / chapter, ids)
+    notebook.cells.insert(1, nbformat.v4.new_code_cell(
+        "from source_kernels import forward as _f\n"
+        "_f.FORWARD_PLAN['large', 2] = ('loop', 16, 2)\n"))
+    with pytest.raises(nbclient.exceptions.CellExecutionError,
+                       match="plan|timed another encoder forward"):
+        _execute(notebook, chapters)
+
+
+def test_the_operator_page_names_the_kernels_the_plan_runs(tmp_path):
+    """book/operator.md's module table says where the plan runs each kernel family; it must
+    say what FORWARD_PLAN / BACKWARD_PLAN say, and name every module that holds a kernel the
+    plan launches."""
+    results = _book_results(tmp_path, {})
+    page = (ROOT / "book" / "operator.md").read_text()
+    modules = {"loop": "`source_kernels/forward.py`, `backward.py`",
+               "tiled": "`source_kernels/tiled.py`", "rows": "`source_kernels/rows.py`"}
+    for family, module in modules.items():
+        row = next((line for line in page.splitlines() if line.startswith(f"| {module} |")),
+                   None)
+        assert row is not None, f"operator.md has no row for {module}"
+        assert results.plan_uses(family) in row, (family, row)
+    families = {entry[0].split("-")[0] for table in results.shipped_plan().values()
+                for entry in table.values()}
+    assert families <= set(modules), families
+
+
+def test_chapter6_quotes_an_ncu_profile_only_with_provenance(tmp_path):
+    """The committed profile has no provenance: chapter 6 says so and quotes none of it. A
+    profile of the shape a re-run writes (provenance, today's kernels; synthetic, in a
+    temporary folder) is quoted; one that profiles another plan's kernels fails the cell."""
+    import nbclient.exceptions
+
+    committed = _load("ncu_h200.json")
+    ids = ("ch06-01-12d2fb", "ch06-22g-limits")
+    chapters = _scratch_book(tmp_path / "committed", None)
+    text = _execute(_cells(chapters / "ch06_measuring.ipynb", ids), chapters)["text"]
+    assert "not quoted" in text and "busiest unit (% of its peak)" not in text
+    results = _book_results(tmp_path / "plan", {})
+    fresh = copy.deepcopy(committed)
+    fresh["provenance"] = {"gpu": "synthetic GPU for a test", "date": "2026-12-01",
+                           "command": "scripts/gpu/run_all.sh ncu"}
+    for launch in fresh["launches"]:
+        preset, _, dtype, direction = launch["case"].split()
+        launch["kernel"] = results.planned_function(direction, preset, dtype)
+    files = {p.name: json.loads(p.read_text()) for p in RESULTS.glob("*.json")}
+    chapters = _scratch_book(tmp_path / "fresh", {**files, "ncu_h200.json": fresh})
+    text = _execute(_cells(chapters / "ch06_measuring.ipynb", ids), chapters)["text"]
+    assert "busiest unit (% of its peak)" in text and " rows " in text, text
+    stale = copy.deepcopy(fresh)
+    stale["launches"][2]["kernel"] = "_msda_forward_kernel"          # an earlier plan's
+    chapters = _scratch_book(tmp_path / "stale", {**files, "ncu_h200.json": stale})
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="another plan"):
+        _execute(_cells(chapters / "ch06_measuring.ipynb", ids), chapters)
