@@ -153,6 +153,9 @@ MISTAKES = [
     ("04 vector add with n // block programs", L04, "lab04_vector_add",
      [("triton.cdiv(n, block)", "n // block")],
      "lab04_check_vector_add", ["too few programs"]),
+    ("04 vector add with tl.program_id(1) on a 1-D grid", L04, "lab04_vector_add",
+     [("pid = tl.program_id(0)", "pid = tl.program_id(1)")],
+     "lab04_check_vector_add", ["every program computed the first block", "tl.program_id(0)"]),
     ("04 copy assuming a contiguous source", L04, "lab04_copy_2d",
      [("src.stride(0), src.stride(1),", "cols, 1,")],
      "lab04_check_copy_2d", ["as if the source were contiguous"]),
@@ -245,6 +248,18 @@ MISTAKES = [
     ("05 sample passing W for H (row stride H)", L05, "lab05_sample_level",
      [("level_row(start, r, c, H, W)", "level_row(start, r, c, W, H)")],
      "lab05_check_sample", ["not r * H + c"]),
+    ("05 sample with dx where 1 - dx belongs", L05, "lab05_sample_level",
+     [("(dx if corner % 2 == 1 else 1 - dx)", "(1 - dx if corner % 2 == 1 else dx)")],
+     "lab05_check_sample", ["column weights are swapped"]),
+    ("05 kernel decodes pid_bm the wrong way round", L05, "lab05_kernel",
+     [("b = pid_bm // M\n    m = pid_bm % M", "b = pid_bm % M\n    m = pid_bm // M")],
+     "lab05_check_inside", ["the index is wrong", "b = pid_bm // M"]),
+    ("05 kernel decodes pid_bm the wrong way round (tile's edges)", L05, "lab05_kernel",
+     [("b = pid_bm // M\n    m = pid_bm % M", "b = pid_bm % M\n    m = pid_bm // M")],
+     "lab05_check_channels", ["the index is wrong", "b = pid_bm // M"]),
+    ("05 kernel's attention index ignores the point", L05, "lab05_kernel",
+     [("a = tl.load(attn_ptr + p,", "a = tl.load(attn_ptr + row_bqm * (L * K) + l * K,")],
+     "lab05_check_inside", ["weight's index ignores the point", "level 0, point 1"]),
     ("05 kernel without attention weights", L05, "lab05_kernel",
      [("acc += a[:, None] * sample_level", "acc += sample_level")],
      "lab05_check_inside", ["attention weights are missing"]),
@@ -274,6 +289,15 @@ MISTAKES = [
          "acc = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)")],
      "lab05_check_half", ["hard-coded tl.float32"]),
 ]
+
+
+# words a message must NOT hold, for mistakes whose hint used to be wrong
+NOT_WORDS = {
+    "04 vector add with tl.program_id(1) on a 1-D grid": ["too few programs"],
+    "05 kernel decodes pid_bm the wrong way round": ["mask its loads with mask_q",
+                                                     "read memory outside"],
+    "05 kernel decodes pid_bm the wrong way round (tile's edges)": ["mask its loads with mask_q"],
+}
 
 
 def _defines(source) -> bool:
@@ -340,14 +364,39 @@ def run_with_mistake(lab, cell_id, replacements, check_id):
     return None
 
 
-@pytest.mark.parametrize("lab, cell_id, replacements, check_id, words",
-                         [row[1:] for row in MISTAKES], ids=[row[0] for row in MISTAKES])
-def test_visible_check_names_the_mistake(lab, cell_id, replacements, check_id, words, capsys):
+@pytest.mark.parametrize("name, lab, cell_id, replacements, check_id, words", MISTAKES,
+                         ids=[row[0] for row in MISTAKES])
+def test_visible_check_names_the_mistake(name, lab, cell_id, replacements, check_id, words,
+                                         capsys):
     message = run_with_mistake(lab, cell_id, replacements, check_id)
     assert message is not None, f"{check_id} passed with the mistake in place"
     assert "Hint:" in message, message
     for word in words:
         assert word in message, f"{word!r} not in the message:\n{message}"
+    for word in NOT_WORDS.get(name, ()):
+        assert word not in message, f"the wrong hint {word!r} is back:\n{message}"
+
+
+def test_not_words_name_rows_of_the_table():
+    names = {row[0] for row in MISTAKES}
+    assert set(NOT_WORDS) <= names, set(NOT_WORDS) - names
+
+
+def test_off_map_corners_are_listed_by_name():
+    """The list of a sample's corners off the map names each corner whole (it once printed
+    'level 1 point 1 (y0,, level 1 point 1 (y0,')."""
+    import torch
+
+    from autograde.checks import diagnose
+    value = torch.randn(1, 4, 1, 2, dtype=torch.float64)
+    args = (value, torch.tensor([[2, 2]]), torch.tensor([0]),
+            torch.tensor([[[[[[0.0, 0.0]]]]]], dtype=torch.float64),
+            torch.ones(1, 1, 1, 1, 1, dtype=torch.float64))
+    got = torch.full((1, 1, 2), float("nan"), dtype=torch.float64)
+    text = diagnose.explain_element(got, args, (0, 0, 0), 1e-9)
+    assert "level 0 point 0 corner (y0, x0); level 0 point 0 corner (y0, x1); " \
+           "level 0 point 0 corner (y1, x0)" in text, text
+    assert "(y0,," not in text and "read memory outside" not in text, text
 
 
 def test_every_lab_and_visible_check_has_rows():

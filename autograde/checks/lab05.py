@@ -470,7 +470,7 @@ def check_sample_level(sample_level, seed=None):
 def _run(msda_forward, args, what, block_q):
     try:
         with forbid_references(msda_forward), count_kernel_launches() as launches, \
-                guard.watch() as report:
+                guard.watch(poison=("out_ptr",)) as report:
             got = msda_forward(*args.values(), block_q=block_q)
     except AssertionError:
         raise
@@ -484,10 +484,30 @@ def _run(msda_forward, args, what, block_q):
     return got, report
 
 
-def _check(msda_forward, cases, seed, label):
+def _probe(msda_forward, gen, tag, label):
+    """Location by isolation: the kernel on the probes of :func:`diagnose.probes` (one term
+    switched on at a time), before the general cases; raises at the first wrong one."""
+    from . import diagnose
+    results = []
+    probe_list = diagnose.probes(gen, torch.float32)
+    for name, _, args in probe_list:
+        on_device = {k: v.to(op.device()) for k, v in args.items()}
+        got, _ = _run(msda_forward, on_device, f"{label}, probe: {name} ({tag})", 8)
+        results.append(got.detach().cpu() if isinstance(got, torch.Tensor) else got)
+    if not judging():
+        return len(probe_list)
+    found = diagnose.locate(results, probe_list, op.TOLERANCE[torch.float32])
+    if found is not None:
+        raise AssertionError(f"{label} ({tag}), {found[1]}")
+    return len(probe_list)
+
+
+def _check(msda_forward, cases, seed, label, isolate=False):
     gen = fresh_generator(seed)
     tag = _tag(gen, seed)
     done = []
+    if isolate:
+        done.append(f"{_probe(msda_forward, gen, tag, label)} probes, one term at a time")
     for description, kwargs, block_q, edit in cases(gen):
         args = op.inputs(gen, **kwargs)
         if edit is not None:
@@ -526,7 +546,7 @@ def check_forward_inside(msda_forward, seed=None):
         yield ("2 levels, 2 points, batch 2, 12 queries in blocks of 8", dict(
             batch=2, queries=12, heads=1, channels=4, shapes=[[5, 7], [3, 4]], points=2,
             outside=-0.05), 8, None)
-    _check(msda_forward, cases, seed, "msda_forward inside the maps")
+    _check(msda_forward, cases, seed, "msda_forward inside the maps", isolate=True)
 
 
 def _edges(args, gen):
@@ -582,6 +602,26 @@ def _guard_hint(report, args, block_q, level_only=None):
     v = report.first
     if v is None:
         return None
+    value, shapes, starts, loc, _ = args.values()
+    batch, heads, channels = value.shape[0], value.shape[2], value.shape[3]
+    queries = loc.shape[1]
+    known = v.program is not None and v.lane is not None and len(v.lane) >= 1
+    if known:
+        q = v.program[0] * block_q + v.lane[0]
+        b, m = divmod(v.program[1], heads)
+        d = v.lane[1] if len(v.lane) > 1 else 0
+        real = q < queries and d < channels and (v.kind != "write" or len(v.lane) > 1)
+    if known and real and ("value" not in v.tensor or v.kind == "write"):
+        # a lane the masks keep (a query that exists, a channel below D) went outside: the
+        # index is wrong, not the mask
+        return (f"the lane that went outside belongs to query {q} < Q = {queries}"
+                + (f", channel {d} < D = {channels}" if v.kind == "write" else "")
+                + f", which exists: the mask is right and the index is wrong. Program "
+                f"(pid_q, pid_bm) = {tuple(v.program[:2])} computes batch b = pid_bm // M = {b}, "
+                f"head m = pid_bm % M = {m} (B = {batch}, M = {heads}); with those, the "
+                f"{'output' if v.kind == 'write' else 'location / weight'} index of "
+                "(b, q, m) stays inside the tensor: check how b and m come from pid_bm and each "
+                "term of the index")
     if v.kind == "write":
         return ("the store of the output tile goes outside out: mask it with "
                 "mask_q[:, None] & mask_d[None, :] (the last block of queries and the channels "
@@ -591,13 +631,9 @@ def _guard_hint(report, args, block_q, level_only=None):
                 "queries sticks out)")
     text = ("a corner off the map was read: mask every corner unless 0 <= r < H and "
             "0 <= c < W, in the load itself, with other=0.0")
-    value, shapes, starts, loc, _ = args.values()
-    heads = value.shape[2]
-    if v.program is None or v.lane is None or len(v.lane) < 1:
+    if not known:
         return text
-    q = v.program[0] * block_q + v.lane[0]
-    b, m = divmod(v.program[1], heads)
-    if q >= loc.shape[1]:
+    if q >= queries:
         return ("a query past Q was read: the gathers of the last block of queries need "
                 "mask_q in their mask")
     try:
