@@ -295,6 +295,26 @@ def _head_channel(args):
     return swapped, shapes, starts, loc, attn
 
 
+def _heads_first(args):
+    value, shapes, starts, loc, attn = args
+    batch, total, heads, channels = value.shape
+    read = value.reshape(-1).reshape(batch, heads, total, channels).transpose(1, 2)
+    return read, shapes, starts, loc, attn
+
+
+def _points_first(args):
+    value, shapes, starts, loc, attn = args
+    batch, queries, heads, levels, points, _ = loc.shape
+    loc = loc.reshape(-1).reshape(batch, queries, heads, points, levels, 2).transpose(3, 4)
+    attn = attn.reshape(-1).reshape(batch, queries, heads, points, levels).transpose(3, 4)
+    return value, shapes, starts, loc, attn
+
+
+HEADS_FIRST = ("value is (B, S, M, D): the rows come before the heads, so value[b, s, m, :] "
+               "starts at ((b*S + s)*M + m)*D, not ((b*M + m)*S + s)*D")
+POINTS_FIRST = ("the sample index is p = (((b*Q + q)*M + m)*L + l)*K + k: levels before points")
+
+
 # the usual mistakes of a forward, each as (hint, conventions of ``sample``; "transform": a
 # function of the five arguments applied first)
 MISTAKES = [
@@ -328,6 +348,8 @@ MISTAKES = [
     (NO_BATCH_TERM, dict(transform=_batch0)),
     (NO_HEAD_TERM, dict(transform=_head0)),
     (HEAD_CHANNEL_SWAPPED, dict(transform=_head_channel)),
+    (HEADS_FIRST, dict(transform=_heads_first)),
+    (POINTS_FIRST, dict(transform=_points_first)),
 ]
 
 
