@@ -424,3 +424,56 @@ def test_every_lab_and_visible_check_has_rows():
     for lab in (L01, L02, L04, L05):
         missing = set(visible_checks(lab)) - checks
         assert not missing, f"{lab}: no mistake row for the visible checks {sorted(missing)}"
+
+
+# (id, lab, solution cell, [(old, new)], demo cell, words its output must hold): a demo cell
+# runs the student's code under the checks' guard, so a kernel that writes outside its
+# tensors is reported there and the notebook goes on
+DEMOS = [
+    ("05 beside the spec, pid_bm decoded the wrong way round", L05, "lab05_kernel",
+     [("b = pid_bm // M\n    m = pid_bm % M", "b = pid_bm % M\n    m = pid_bm // M")],
+     "lab05_beside_spec", ["kernel msda_forward_kernel", "wrote past the end of out_ptr"]),
+    ("05 interpreter cost, corners read without the map mask", L05, "lab05_sample_level",
+     [("inside = mask_q & (r >= 0) & (r < H) & (c >= 0) & (c < W)", "inside = mask_q")],
+     "lab05_interpreter_cost", ["kernel msda_forward_kernel read", "value_ptr"]),
+    ("04 beside the spec, bilinear loads unmasked", L04, "lab04_bilinear",
+     [("v = tl.load(ptrs, mask=inside[:, None] & mask_d[None, :], other=0.0)", "v = tl.load(ptrs)")],
+     "lab04_beside_spec", ["kernel bilinear_kernel read", "image_ptr"]),
+    ("04 upsampling figure, store unmasked", L04, "lab04_bilinear",
+     [("tl.store(out_ptr + (offs_n * D)[:, None] + offs_d[None, :], acc,\n"
+       "             mask=mask_n[:, None] & mask_d[None, :])",
+       "tl.store(out_ptr + (offs_n * D)[:, None] + offs_d[None, :], acc)")],
+     "lab04_fig_upsample", ["wrote past the end of out_ptr"]),
+]
+
+
+@pytest.mark.parametrize("lab, cell_id, replacements, demo_id, words",
+                         [row[1:] for row in DEMOS], ids=[row[0] for row in DEMOS])
+def test_demo_cells_run_student_code_under_the_guard(lab, cell_id, replacements, demo_id, words,
+                                                     capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    scope = namespace(lab, cell_id, replacements)
+    source = next(src for gid, _, _, src in cells(lab) if gid == demo_id)
+    capsys.readouterr()
+    _exec(source, f"<{lab} {demo_id}>", scope)           # must not raise (nor crash)
+    out = capsys.readouterr().out
+    for word in words:
+        assert word in out, f"{word!r} not in the demo's output:\n{out}"
+
+
+def test_demo_cells_that_run_student_code_are_guarded():
+    """Every given cell of labs 04 and 05 that calls a student's kernel wrapper goes through
+    guarded() (the GPU timing cell of lab 05 excepted: it runs compiled only)."""
+    wrappers = {L04: ("vector_add(", "copy_2d(", "gather_rows(", "bilinear_sample_triton("),
+                L05: ("msda_forward(",)}
+    for lab, names in wrappers.items():
+        for gid, meta, kind, source in cells(lab):
+            if kind != "code" or meta.get("grade") or meta.get("solution") or _defines(source) \
+                    or gid in ("lab05_gpu_timing", "lab04_gpu_timing"):
+                continue
+            for name in names:
+                for line in source.splitlines():
+                    code = line.split("#")[0]
+                    assert name not in code or "guarded(" in code, \
+                        f"{lab} {gid} calls {name} unguarded: {line.strip()}"

@@ -54,7 +54,7 @@ import warnings
 
 import torch
 
-__all__ = ["watch", "launch", "Report", "Violation", "Event", "interpreting"]
+__all__ = ["watch", "launch", "guarded", "Report", "Violation", "Event", "interpreting"]
 
 # Elements of padding on each side of a tensor in ``launch``: more than the typical
 # off-by-one (one element, one row, one block of a few hundred lanes) reaches.
@@ -542,6 +542,37 @@ def watch(int32: bool = False, poison=()):
         if installed is not None:
             installed.remove()
             _hooks = None
+
+
+# ====================================================================== demo cells
+def _innermost(exc) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def guarded(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` run as the checks run a student's code, for the cells that show
+    it at work (beside the spec, in a figure, timed): every kernel access is watched (under
+    the interpreter an access outside a tensor is switched off and reported instead of
+    crashing the notebook), the outputs ``out_ptr`` / ``dst_ptr`` start as NaN, and an
+    exception is reported in one line.  Returns the result, or None when ``fn`` raised."""
+    name = getattr(fn, "__name__", "your function")
+    try:
+        with watch(poison=("out_ptr", "dst_ptr")) as report:
+            result = fn(*args, **kwargs)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:                                         # noqa: BLE001
+        print(f"{name} raised {type(exc).__name__}: {_innermost(exc)}\n(the check cell of "
+              "this step says what that means; this cell shows nothing until it passes)")
+        return None
+    message = report.message(name)
+    if message is not None:
+        print(message + "\n(the numbers below come from that run; the check cell of this "
+              "step names the corner and the mask)")
+    return result
 
 
 # ====================================================================== padded launches
