@@ -270,6 +270,10 @@ MISTAKES = [
     ("05 sample with dx where 1 - dx belongs", L05, "lab05_sample_level",
      [("(dx if corner % 2 == 1 else 1 - dx)", "(1 - dx if corner % 2 == 1 else dx)")],
      "lab05_check_sample", ["column weights are swapped"]),
+    ("05 sample accumulating in bfloat16", L05, "lab05_sample_level",
+     [("tile += w[:, None] * v.to(x.dtype)",
+       "tile = (tile + w[:, None] * v.to(x.dtype)).to(tl.bfloat16)")],
+     "lab05_check_sample", ["bfloat16 value", "accumulated in bfloat16"]),
     ("05 kernel decodes pid_bm the wrong way round", L05, "lab05_kernel",
      [("b = pid_bm // M\n    m = pid_bm % M", "b = pid_bm % M\n    m = pid_bm // M")],
      "lab05_check_inside", ["the index is wrong", "b = pid_bm // M"]),
@@ -282,6 +286,13 @@ MISTAKES = [
     ("05 kernel without attention weights", L05, "lab05_kernel",
      [("acc += a[:, None] * sample_level", "acc += sample_level")],
      "lab05_check_inside", ["attention weights are missing"]),
+    ("05 kernel row index in int32", L05, "lab05_kernel",
+     [("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m", "row_bqm = (b * Q + offs_q) * M + m")],
+     "lab05_check_inside", ["wrapped around", "does not fit in int32", "b.to(tl.int64) * Q"]),
+    ("05 kernel row int64 only at the store", L05, "lab05_kernel",
+     [("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m", "row_bqm = (b * Q + offs_q) * M + m"),
+      ("out_ptrs = out_ptr + (row_bqm * D)", "out_ptrs = out_ptr + (row_bqm.to(tl.int64) * D)")],
+     "lab05_check_inside", ["wrapped around", "b.to(tl.int64) * Q"]),
     ("05 kernel reads every level from row 0", L05, "lab05_kernel",
      [("start = tl.load(starts_ptr + l)", "start = tl.load(starts_ptr) * 0")],
      "lab05_check_inside", ["level_start_index[l]"]),
@@ -316,6 +327,7 @@ NOT_WORDS = {
     "05 kernel decodes pid_bm the wrong way round": ["mask its loads with mask_q",
                                                      "read memory outside"],
     "05 kernel decodes pid_bm the wrong way round (tile's edges)": ["mask its loads with mask_q"],
+    "05 sample accumulating in bfloat16": ["read outside", "outside the tensor"],
 }
 
 
@@ -477,3 +489,35 @@ def test_demo_cells_that_run_student_code_are_guarded():
                     code = line.split("#")[0]
                     assert name not in code or "guarded(" in code, \
                         f"{lab} {gid} calls {name} unguarded: {line.strip()}"
+
+
+def test_hidden_check_catches_the_int32_row_index_in_the_replay():
+    """The hidden check of the kernel's int64 rows judges in the grader's process, from what
+    the recorded launch wrote into out (the guard's int32 report stays in the kernel)."""
+    from autograde import recording
+    from autograde.checks import lab05
+
+    scope = namespace(L05, "lab05_kernel", [("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m",
+                                             "row_bqm = (b * Q + offs_q) * M + m")])
+    recording._mode, recording._base_seed, recording._counter = "record", "replay", 0
+    recording._events = []
+    try:
+        lab05.check_forward_int64(scope["msda_forward_kernel"])    # no verdict in the kernel
+    finally:
+        events, recording._events, recording._mode = recording._events, [], None
+    context = recording.ReplayContext(events, "replay")
+    with pytest.raises(AssertionError, match="which no program owns(.|\n)*Hint: .*int64"):
+        recording.replay_check(lab05.check_forward_int64,
+                               [recording.Proxy(context, "msda_forward_kernel")], {}, context)
+
+
+def test_the_grading_kernel_can_build_the_probes():
+    """The probes run in the grading kernel too (their results are recorded and judged in the
+    grader's replay), so the module that builds them is in the kernel's view of each lab that
+    uses them, and the diagnosis that judges them is not."""
+    from autograde import labs
+
+    for lab in (L01, L02, L05):
+        view = labs.kernel_view(lab)
+        assert "autograde.checks._operator" in view, lab
+        assert "autograde.checks.diagnose" not in view, lab

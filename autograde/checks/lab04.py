@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import guard
+from .guard import guarded  # noqa: F401  (the notebook's demo cells: check.guarded(...))
 from .common import count_kernel_launches, expect, forbid_references, fresh_generator, \
     judging, kernel_device
 

@@ -8,12 +8,20 @@
    and the flat offset of a value row, the latter on indices whose offset passes 2**31,
    stored to an int64 tensor (the int64 trap, with no memory at those offsets touched);
 4. ``check_sample_level(sample_level)``: one level and one point, the four corner gathers;
-5. ``check_forward_inside(msda_forward)``: the kernel, all levels and points, inside the maps;
+5. ``check_forward_inside(msda_forward, msda_forward_kernel)``: the kernel, all levels and
+   points, inside the maps, then ``check_forward_int64(msda_forward_kernel)`` (step 9);
 6. ``check_forward_outside(msda_forward)``: the masks at the map's edges (borders, outside,
    +-1e9, 1x1 and non-square levels);
 7. ``check_forward_channels(msda_forward)``: the masks at the tile's edges (D not a power of
    two, ragged blocks of queries);
-8. ``check_forward_half_precision(msda_forward)``: fp16 / bf16 / fp64 inputs.
+8. ``check_forward_half_precision(msda_forward)``: fp16 / bf16 / fp64 inputs;
+9. ``check_forward_int64(msda_forward_kernel)``: the kernel's row index and offsets in int64,
+   launched on rows past 2**31 elements (interpreter only).
+
+``check_forward_inside`` first runs the probes of :func:`_operator.probes` (one term of the
+forward switched on at a time) and stops at the first that goes wrong, naming the mistake
+when one reproduces the result, else the term.  The kernel's output starts as NaN
+(``guard.watch(poison=...)``), so a row no program wrote is told apart from a wrong one.
 
 A visible check passes a shown ``seed``; a hidden check draws a fresh one.  Every kernel runs
 under :mod:`guard` (a read or write outside a tensor is named, with its line and corner, and
@@ -30,6 +38,7 @@ from autograde import recording
 
 from . import _operator as op
 from . import guard
+from .guard import guarded  # noqa: F401  (the notebook's demo cells: check.guarded(...))
 from .common import count_kernel_launches, expect, forbid_references, fresh_generator, judging
 
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
@@ -485,17 +494,17 @@ def _run(msda_forward, args, what, block_q):
 
 
 def _probe(msda_forward, gen, tag, label):
-    """Location by isolation: the kernel on the probes of :func:`diagnose.probes` (one term
+    """Location by isolation: the kernel on the probes of :func:`_operator.probes` (one term
     switched on at a time), before the general cases; raises at the first wrong one."""
-    from . import diagnose
     results = []
-    probe_list = diagnose.probes(gen, torch.float32)
+    probe_list = op.probes(gen, torch.float32)
     for name, _, args in probe_list:
         on_device = {k: v.to(op.device()) for k, v in args.items()}
         got, _ = _run(msda_forward, on_device, f"{label}, probe: {name} ({tag})", 8)
         results.append(got.detach().cpu() if isinstance(got, torch.Tensor) else got)
     if not judging():
         return len(probe_list)
+    from . import diagnose
     found = diagnose.locate(results, probe_list, op.TOLERANCE[torch.float32])
     if found is not None:
         raise AssertionError(f"{label} ({tag}), {found[1]}")
@@ -536,9 +545,10 @@ def _check(msda_forward, cases, seed, label, isolate=False):
     _passed(f"{label}: " + "; ".join(done) + f" match the fp64 reference ({tag})")
 
 
-def check_forward_inside(msda_forward, seed=None):
+def check_forward_inside(msda_forward, msda_forward_kernel=None, seed=None):
     """All levels and points, several heads, batch 2, locations inside the maps; more
-    queries than one block holds."""
+    queries than one block holds; then, given the kernel, its rows past 2**31 elements
+    (:func:`check_forward_int64`)."""
     def cases(gen):
         yield ("one level, one head, one point", dict(
             batch=1, queries=6, heads=1, channels=4, shapes=[[4, 5]], points=1,
@@ -547,6 +557,8 @@ def check_forward_inside(msda_forward, seed=None):
             batch=2, queries=12, heads=1, channels=4, shapes=[[5, 7], [3, 4]], points=2,
             outside=-0.05), 8, None)
     _check(msda_forward, cases, seed, "msda_forward inside the maps", isolate=True)
+    if msda_forward_kernel is not None:
+        check_forward_int64(msda_forward_kernel, seed)
 
 
 def _edges(args, gen):
@@ -593,6 +605,84 @@ def check_forward_half_precision(msda_forward, seed=None):
                 batch=1, queries=8, heads=1, channels=8, shapes=[[4, 5], [2, 2]], points=2,
                 dtype=dtype), 8, None)
     _check(msda_forward, cases, seed, "msda_forward in half and double precision")
+
+
+# ---------------------------------------------------------------------- 9. int64 rows
+UNTOUCHED = 1234.5          # what out holds where no program may write
+INT64_CASES = [
+    # (what it makes wrap, M, Q): with B = 2, D = 8 and BLOCK_Q = 8, the programs of batch 1
+    # own output rows (Q + q) * M + m, whose element offsets pass 2**32 by a little: in int32
+    # they wrap around onto rows 32 and up of a small out, which nobody else writes
+    ("(b*Q + q)*M + m fits in int32, its offset times D does not", 1, 2 ** 29 + 16),
+    ("the row (b*Q + q)*M + m itself passes 2**31", 4, 2 ** 30 + 16),
+]
+
+
+def check_forward_int64(msda_forward_kernel, seed=None):
+    """The kernel's own indices in int64 (section 5: the row ``(b*Q + q)*M + m`` and every
+    offset built on it): launched by the check on a grid of one block of queries per (batch,
+    head), with B = 2 and a ``Q`` so large that batch 1's rows lie past 2**31 elements.  Its
+    accesses there fall outside every tensor (the interpreter's guard switches them off); a
+    kernel whose index wraps around in int32 writes into rows of ``out`` that no program owns
+    instead, and the check sees it there.  Interpreter only: compiled, the same launch would
+    touch memory far past the tensors."""
+    import triton
+
+    gen = fresh_generator(seed)
+    tag = _tag(gen, seed)
+    if not guard.interpreting():
+        _passed("msda_forward_kernel in int64: checked under the interpreter only (TRITON_INTERPRET=1)")
+        return
+    batch, channels, block_q = 2, 8, 8
+    for description, heads, queries in INT64_CASES:
+        shapes = torch.tensor([[2, 2]], dtype=torch.int64)
+        starts = torch.tensor([0], dtype=torch.int64)
+        value = torch.randn(batch, 4, heads, channels, generator=gen)
+        # locations and weights of batch 0's first block of queries only: batch 1's lie past
+        # the end of these tensors, as its rows lie past the end of out
+        loc = torch.rand(block_q * heads * 2, generator=gen) * 0.8 + 0.1
+        attn = torch.rand(block_q * heads, generator=gen)
+        rows = 32 + heads * block_q * 2
+        out = torch.full((rows * channels,), UNTOUCHED)
+        what = (f"msda_forward_kernel with B = {batch}, Q = {queries}, M = {heads}, D = "
+                f"{channels}, one block of {block_q} queries per (batch, head): {description} "
+                f"({tag})")
+        device = op.device()
+        tensors = [t.to(device) for t in (value, shapes, starts, loc, attn, out)]
+        try:
+            with forbid_references(msda_forward_kernel), guard.watch(int32=True) as report:
+                msda_forward_kernel[(1, batch * heads)](
+                    *tensors, 4, queries, heads, channels, L=1, K=1, BLOCK_Q=block_q,
+                    BLOCK_D=channels, ACC_DTYPE=tl_float32())
+        except AssertionError:
+            raise
+        except Exception as exc:                                    # noqa: BLE001
+            raise _as_assertion(exc, f"{what}: your kernel raised {type(exc).__name__}: "
+                                     f"{_last_line(exc)}") from None
+        if not judging():
+            continue
+        got = tensors[5].detach().cpu().reshape(rows, channels)
+        owned = block_q * heads                     # rows of batch 0's first block of queries
+        stray = (got[owned:] != UNTOUCHED).any(-1).nonzero().flatten()
+        if stray.numel() == 0:
+            continue
+        first, last = int(stray[0]) + owned, int(stray[-1]) + owned
+        overflow = [e for e in report.overflows.values() if e.line]
+        where = f" ({overflow[0].line}: {overflow[0].example})" if overflow else ""
+        raise AssertionError(
+            f"{what}: rows {first} to {last} of out were written, which no program owns: batch "
+            f"1's rows start at (1*Q + 0)*M = {queries * heads}, offset {queries * heads * channels} "
+            f"> 2**31, and an index computed in int32 wrapped around onto them{where}\nHint: "
+            "tl.program_id gives int32, and Q, M, D arrive as int32: make the row int64 before "
+            "the first multiplication, row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m, and "
+            "build every offset (the locations', the weights', the output's) on it")
+    _passed(f"msda_forward_kernel: rows past 2**31 elements stay in int64, {len(INT64_CASES)} "
+            f"shapes ({tag})")
+
+
+def tl_float32():
+    import triton.language as tl
+    return tl.float32
 
 
 # ---------------------------------------------------------------------- diagnosis
@@ -680,6 +770,11 @@ def _value_hint(got, args, expected, dtype, report):
         line = next(iter(report.loads_without_other.values())).line
         return ("\nHint: a masked tl.load without other= leaves its masked lanes undefined (the "
                 f"check fills them with NaN) and they reach the output: give other=0.0 at {line}")
+    never = diagnose.unwritten(got, args["value"].shape[2])
+    if never is not None and not bool(torch.isnan(expected).any()):
+        return ("\nHint: " + never + ": the program that owns a row computes b = pid_bm // M, "
+                "m = pid_bm % M and the queries pid_q * BLOCK_Q + i, and stores at row "
+                "(b*Q + q)*M + m; a row nobody stores to keeps the check's NaN")
     if dtype in (torch.float16, torch.bfloat16, torch.float64):
         half = _half_hint(got, args, expected, dtype)
         if half:
@@ -689,8 +784,22 @@ def _value_hint(got, args, expected, dtype, report):
         return "\nHint: " + spill
     scale = max(expected.abs().max().item(), 1e-6)
     atol = op.TOLERANCE[dtype] * scale
-    hint = diagnose.output_hint(got.double(), args, atol, diagnose.worst_index(got, expected))
+    hint = diagnose.output_hint(got.double(), args, atol, diagnose.worst_index(got, expected),
+                                watched=guard.interpreting())
+    if hint is None and dtype == torch.float32:
+        hint = diagnose.precision_hint(got, expected)
     return f"\nHint: {hint}" if hint else ""
+
+    scale = max(expected.abs().max().item(), 1e-6)
+    err = (got - expected).abs().max().item() / scale
+    for name, bits in (("float16", 11), ("bfloat16", 8)):
+        if err <= 8 * 2.0 ** -bits and err > 8 * 2.0 ** -(bits + 6):
+            return (f"every element is within a few {name} roundings of the reference "
+                    f"(largest error {err:.1e} of the largest value) on float32 inputs: "
+                    f"something is computed or accumulated in {name}; keep the accumulator "
+                    "and every loaded value in ACC_DTYPE (float32) and convert only in the "
+                    "store")
+    return None
 
 
 def _spill_hint(got, expected, args):
