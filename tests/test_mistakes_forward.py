@@ -72,6 +72,18 @@ MISTAKES = [
             (y0 + 1, x0, (1 - dy) * dx),
             (y0 + 1, x0 + 1, (1 - dy) * (1 - dx))]""")],
      "lab01_check_corner_weights", ["rectangle opposite"]),
+    ("01 corner weights with dx where 1 - dx belongs", L01, "lab01_corner_weights",
+     [(LAB01_CORNERS, """    return [(y0, x0, (1 - dy) * dx),
+            (y0, x0 + 1, (1 - dy) * (1 - dx)),
+            (y0 + 1, x0, dy * dx),
+            (y0 + 1, x0 + 1, dy * (1 - dx))]""")],
+     "lab01_check_corner_weights", ["column weights are swapped"]),
+    ("01 corner weights with dy where 1 - dy belongs", L01, "lab01_corner_weights",
+     [(LAB01_CORNERS, """    return [(y0, x0, dy * (1 - dx)),
+            (y0, x0 + 1, dy * dx),
+            (y0 + 1, x0, (1 - dy) * (1 - dx)),
+            (y0 + 1, x0 + 1, (1 - dy) * dx)]""")],
+     "lab01_check_corner_weights", ["row weights are swapped"]),
     ("01 sample with x and y swapped", L01, "lab01_bilinear_sample",
      [("pixel_coordinate(x, width),\n                                                    "
        "pixel_coordinate(y, height)", "pixel_coordinate(y, width),\n"
@@ -203,6 +215,9 @@ MISTAKES = [
      [("x0 = x0f.to(tl.int32)", "x0 = x_im.to(tl.int32)"), ("y0 = y0f.to(tl.int32)", "y0 = y_im.to(tl.int32)"),
       ("dx = x_im - x0f", "dx = x_im - x_im.to(tl.int32)"), ("dy = y_im - y0f", "dy = y_im - y_im.to(tl.int32)")],
      "lab04_check_bilinear", ["towards zero"]),
+    ("04 bilinear with dx where 1 - dx belongs", L04, "lab04_bilinear",
+     [("(dx if corner % 2 == 1 else 1 - dx)", "(1 - dx if corner % 2 == 1 else dx)")],
+     "lab04_check_bilinear", ["column weights are swapped"]),
     ("04 bilinear with x and y swapped", L04, "lab04_bilinear",
      [("loc_ptr + 2 * offs_n, mask", "loc_ptr + 2 * offs_n + 1, mask"),
       ("loc_ptr + 2 * offs_n + 1, mask=mask_n, other=0.0).to(tl.float32) * H",
@@ -328,6 +343,7 @@ NOT_WORDS = {
                                                      "read memory outside"],
     "05 kernel decodes pid_bm the wrong way round (tile's edges)": ["mask its loads with mask_q"],
     "05 sample accumulating in bfloat16": ["read outside", "outside the tensor"],
+    "01 corner weights with dy where 1 - dy belongs": ["weighs the right column"],
 }
 
 

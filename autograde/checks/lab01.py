@@ -109,15 +109,26 @@ def _judge_corners(got, x_im, y_im, tag):
                                  f"{e_col}), got ({row}, {col})\nHint: {hint}")
         if not math.isclose(weight, e_weight, rel_tol=1e-9, abs_tol=1e-12):
             dx, dy = x_im - math.floor(x_im), y_im - math.floor(y_im)
-            near = [(1 - dy) * (1 - dx), (1 - dy) * dx, dy * (1 - dx), dy * dx][::-1]
-            if all(math.isclose(w, n, abs_tol=1e-9) for (_, _, w), n in zip(got, near)):
+
+            def weights(ex, ey):                 # (y0,x0) (y0,x1) (y1,x0) (y1,x1)
+                return [(1 - ey) * (1 - ex), (1 - ey) * ex, ey * (1 - ex), ey * ex]
+
+            def matches(candidate):
+                return all(math.isclose(w, n, abs_tol=1e-9) for (_, _, w), n in zip(got, candidate))
+            if matches(weights(1 - dx, 1 - dy)):
                 hint = diagnose.NEAR_WEIGHTS
+            elif matches(weights(1 - dx, dy)):
+                hint = diagnose.X_WEIGHTS_SWAPPED
+            elif matches(weights(dx, 1 - dy)):
+                hint = diagnose.Y_WEIGHTS_SWAPPED
             elif not math.isclose(total, 1.0, abs_tol=1e-9):
                 hint = (f"your four weights sum to {total:.4f}, not 1: each is the area of the "
                         "rectangle opposite its corner, (1 - dy)(1 - dx), (1 - dy) dx, "
                         "dy (1 - dx), dy dx")
             else:
-                hint = "dx = x_im - x0 weighs the right column x1, 1 - dx the left column x0"
+                hint = ("no usual mistake gives these weights (they do sum to 1): corner "
+                        "(y0, x0) gets (1 - dy)(1 - dx), (y0, x1) (1 - dy) dx, (y1, x0) "
+                        "dy (1 - dx), (y1, x1) dy dx, with dx = x_im - x0, dy = y_im - y0")
             raise AssertionError(f"{where}: corner {name}: expected weight {e_weight:.6f}, got "
                                  f"{weight:.6f}\nHint: {hint}")
 
