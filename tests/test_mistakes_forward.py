@@ -308,6 +308,15 @@ MISTAKES = [
      [("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m", "row_bqm = (b * Q + offs_q) * M + m"),
       ("out_ptrs = out_ptr + (row_bqm * D)", "out_ptrs = out_ptr + (row_bqm.to(tl.int64) * D)")],
      "lab05_check_inside", ["wrapped around", "b.to(tl.int64) * Q"]),
+    ("05 kernel overwrites the accumulator", L05, "lab05_kernel",
+     [("acc += a[:, None] * sample_level", "acc = a[:, None] * sample_level")],
+     "lab05_check_inside", ["accumulator is overwritten"]),
+    ("05 kernel reads y at x's offset", L05, "lab05_kernel",
+     [("y = tl.load(loc_ptr + 2 * p + 1,", "y = tl.load(loc_ptr + 2 * p,")],
+     "lab05_check_inside", ["y is read where x is"]),
+    ("05 kernel's level start one row late", L05, "lab05_kernel",
+     [("start = tl.load(starts_ptr + l)", "start = tl.load(starts_ptr + l) + 1")],
+     "lab05_check_inside", ["every corner of this query lies on the map", "level_start_index[l]"]),
     ("05 kernel reads every level from row 0", L05, "lab05_kernel",
      [("start = tl.load(starts_ptr + l)", "start = tl.load(starts_ptr) * 0")],
      "lab05_check_inside", ["level_start_index[l]"]),
@@ -344,6 +353,7 @@ NOT_WORDS = {
     "05 kernel decodes pid_bm the wrong way round (tile's edges)": ["mask its loads with mask_q"],
     "05 sample accumulating in bfloat16": ["read outside", "outside the tensor"],
     "01 corner weights with dy where 1 - dy belongs": ["weighs the right column"],
+    "05 kernel's level start one row late": ["a corner off the map was read"],
 }
 
 

@@ -70,7 +70,8 @@ PROBE_PLAN = [
      "its rows start at level_start_index[l]",
      (1, 1, 3, [[3, 4], [2, 5]], 1, "level1")),
     ("two levels, two points, attention weights as given",
-     "the attention weights (one-hot weights were right): each sample is scaled by its weight",
+     "the attention weights and the sum (one-hot weights were right): each of the L*K samples "
+     "is scaled by its own weight, and all of them are added up",
      (1, 1, 3, [[3, 4], [2, 5]], 2, "weights")),
     ("two heads",
      "the head term (one head was right): head m's values are at ((b*S + s)*M + m)*D, its "

@@ -310,6 +310,22 @@ def _points_first(args):
     return value, shapes, starts, loc, attn
 
 
+def _last_sample(args):
+    value, shapes, starts, loc, attn = args
+    kept = torch.zeros_like(attn)
+    kept[..., -1, -1] = attn[..., -1, -1]
+    return value, shapes, starts, loc, kept
+
+
+def _y_is_x(args):
+    value, shapes, starts, loc, attn = args
+    return value, shapes, starts, loc[..., :1].expand_as(loc), attn
+
+
+LAST_SAMPLE_ONLY = ("only the last level's last point is in your output: the accumulator is "
+                    "overwritten at each sample instead of added to (acc += a * sample)")
+Y_IS_X = ("y is read where x is: the location of sample p is x at 2p and y at 2p + 1 (the last "
+          "axis of sampling_locations is (x, y))")
 HEADS_FIRST = ("value is (B, S, M, D): the rows come before the heads, so value[b, s, m, :] "
                "starts at ((b*S + s)*M + m)*D, not ((b*M + m)*S + s)*D")
 POINTS_FIRST = ("the sample index is p = (((b*Q + q)*M + m)*L + l)*K + k: levels before points")
@@ -350,6 +366,8 @@ MISTAKES = [
     (HEAD_CHANNEL_SWAPPED, dict(transform=_head_channel)),
     (HEADS_FIRST, dict(transform=_heads_first)),
     (POINTS_FIRST, dict(transform=_points_first)),
+    (LAST_SAMPLE_ONLY, dict(transform=_last_sample)),
+    (Y_IS_X, dict(transform=_y_is_x)),
 ]
 
 

@@ -740,13 +740,22 @@ def _guard_hint(report, args, block_q, level_only=None):
             for name, row, col, inside in diagnose.corners_of(x, y, height, width):
                 if not inside:
                     offending.append((lvl, k, x, y, name, row, col, height, width))
+    index_text = (f"batch {b}, query {q}, head {m}: every corner of this query lies on the "
+                  "map, so the row of S computed for one of them is wrong, not the mask: a "
+                  "corner (r, c) of level l is row start + r * W + c of S with start = "
+                  "level_start_index[l], and its values start at ((b*S + row)*M + m)*D")
     if not offending:
-        return text
+        return index_text
     # the corner whose row of S the read hit (if the kernel computed it the usual way)
     row_of_s = (v.offset // value.shape[3] - m) // heads - b * value.shape[1]
     starts_list = starts.tolist()
     hit = [o for o in offending if starts_list[o[0]] + o[5] * o[8] + o[6] == row_of_s]
-    lvl, k, x, y, name, row, col, height, width = (hit or offending)[0]
+    if not hit:
+        return (f"batch {b}, query {q}, head {m}: {len(offending)} corner(s) of this query lie "
+                "off the map, but the element that was read is none of theirs (computed as "
+                "((b*S + start + r*W + c)*M + m)*D): check the row of each corner, and mask "
+                "every corner unless 0 <= r < H and 0 <= c < W, with other=0.0")
+    lvl, k, x, y, name, row, col, height, width = hit[0]
     return (f"batch {b}, query {q}, head {m}: level {lvl}, point {k} at (x, y) = ({x:.4g}, "
             f"{y:.4g}) has corner {name} at (row {row}, col {col}), off the {height} x {width} "
             f"map ({len(offending)} corner(s) of this query are off): "
