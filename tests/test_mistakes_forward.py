@@ -269,7 +269,7 @@ MISTAKES = [
      "lab05_check_sample", ["not c <= W"]),
     ("05 sample without the map mask", L05, "lab05_sample_level",
      [("inside = mask_q & (r >= 0) & (r < H) & (c >= 0) & (c < W)", "inside = mask_q")],
-     "lab05_check_sample", ["before the start of value_ptr", "off the", "map"]),
+     "lab05_check_sample", ["of value_ptr", "off the", "map", "c < W"]),
     ("05 sample without other=0.0", L05, "lab05_sample_level",
      [("mask=inside[:, None] & mask_d[None, :], other=0.0)", "mask=inside[:, None] & mask_d[None, :])")],
      "lab05_check_sample", ["without other=", "other=0.0"]),
@@ -289,6 +289,12 @@ MISTAKES = [
      [("tile += w[:, None] * v.to(x.dtype)",
        "tile = (tile + w[:, None] * v.to(x.dtype)).to(tl.bfloat16)")],
      "lab05_check_sample", ["bfloat16 value", "accumulated in bfloat16"]),
+    ("05 sample with every corner's row from x0, y0 + i % 2", L05, "lab05_sample_level",
+     [("r = y0 + corner // 2", "r = y0 + corner % 2")],
+     "lab05_check_sample", ["probe: locations between pixel centres", "the other three corners"]),
+    ("05 sample halving every tile", L05, "lab05_sample_level",
+     [("tile += w[:, None] * v.to(x.dtype)", "tile += w[:, None] * v.to(x.dtype) * 0.5")],
+     "lab05_check_sample", ["0.5 times the right one"]),
     ("05 kernel decodes pid_bm the wrong way round", L05, "lab05_kernel",
      [("b = pid_bm // M\n    m = pid_bm % M", "b = pid_bm % M\n    m = pid_bm // M")],
      "lab05_check_inside", ["the index is wrong", "b = pid_bm // M"]),
@@ -316,7 +322,7 @@ MISTAKES = [
      "lab05_check_inside", ["y is read where x is"]),
     ("05 kernel's level start one row late", L05, "lab05_kernel",
      [("start = tl.load(starts_ptr + l)", "start = tl.load(starts_ptr + l) + 1")],
-     "lab05_check_inside", ["every corner of this query lies on the map", "level_start_index[l]"]),
+     "lab05_check_inside", ["is +1 from the row of level 0", "level_start_index[l]"]),
     ("05 kernel reads every level from row 0", L05, "lab05_kernel",
      [("start = tl.load(starts_ptr + l)", "start = tl.load(starts_ptr) * 0")],
      "lab05_check_inside", ["level_start_index[l]"]),
@@ -354,6 +360,7 @@ NOT_WORDS = {
     "05 sample accumulating in bfloat16": ["read outside", "outside the tensor"],
     "01 corner weights with dy where 1 - dy belongs": ["weighs the right column"],
     "05 kernel's level start one row late": ["a corner off the map was read"],
+    "05 sample halving every tile": ["row and value offset"],
 }
 
 

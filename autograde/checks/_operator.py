@@ -52,7 +52,7 @@ PROBE_PLAN = [
     ("one batch element, head, level and point, D = 1, every location on a pixel centre",
      "the corner's row and column: at a pixel centre only corner (y0, x0) has a weight (1), so "
      "the output is exactly that pixel's value; its row in S is start + r * W + c",
-     (1, 1, 1, [[3, 4]], 1, "centre")),
+     (1, 1, 1, [[2, 4]], 1, "centre")),      # powers of two: a centre is exact in fp32
     ("the same, locations between pixel centres (all four corners on the map)",
      "the corner weights (the pixel centres were right): (1 - dy)(1 - dx), (1 - dy) dx, "
      "dy (1 - dx), dy dx for (y0, x0), (y0, x1), (y1, x0), (y1, x1)",

@@ -705,6 +705,24 @@ def precision_hint(got, expected, dtype=torch.float32):
     return None
 
 
+def factor_hint(got, expected, atol):
+    """The hint when ``got`` is one constant times ``expected`` everywhere (a factor other
+    than 1, within ``atol``), else None."""
+    got = torch.as_tensor(got).detach().cpu().double()
+    expected = torch.as_tensor(expected).detach().cpu().double()
+    if got.shape != expected.shape or not bool(torch.isfinite(got).all()):
+        return None
+    big = expected.abs() > 10 * atol
+    if int(big.sum()) < 2:
+        return None
+    factor = float((got[big] / expected[big]).median())
+    if abs(factor - 1) < 1e-3 or not bool(((got - factor * expected).abs() <= atol).all()):
+        return None
+    return (f"every element of your result is {factor:.4g} times the right one: a constant "
+            "factor multiplies the whole sum (a weight counted twice or halved, a scale that "
+            "does not belong)")
+
+
 def _probe_hint(got, expected, args, label, term, atol, heads):
     batch, queries, width = expected.shape
     channels = width // heads
@@ -714,7 +732,8 @@ def _probe_hint(got, expected, args, label, term, atol, heads):
         return (never + "; nothing of these inputs is outside a tensor, so no program stored "
                 f"those rows. The probe that first goes wrong adds {term}")
     named = name_mistake(got, args, atol) or precision_hint(got, expected,
-                                                             args["value"].dtype)
+                                                             args["value"].dtype) \
+        or factor_hint(got, expected, atol)
     if named is not None:
         return named
     levels, points = args["attention_weights"].shape[3:]

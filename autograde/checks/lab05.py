@@ -450,29 +450,59 @@ def check_sample_level(sample_level, seed=None):
     value, shapes_t, starts, loc, _ = args.values()
     batch, queries, heads = loc.shape[0], loc.shape[1], loc.shape[2]
     block_d = triton.next_power_of_2(channels)
-    for level, (height, width) in enumerate(shapes):
-        level_loc = loc[:, :, :, level, 0, :].contiguous()              # (B, Q, M, 2)
+    # location by isolation first: level 1 (4 x 2: a pixel centre is exact in float32) with
+    # every location on a pixel centre (one corner, weight 1), then between centres (four
+    # corners on the map), then the general case
+    probe_level = 1
+    size = torch.tensor([shapes[probe_level][1], shapes[probe_level][0]], dtype=torch.float64)
+    centres = torch.stack([torch.randint(0, int(size[0]), loc.shape[:3], generator=gen),
+                           torch.randint(0, int(size[1]), loc.shape[:3], generator=gen)], -1)
+    between = 0.1 + torch.rand(*loc.shape[:3], 2, generator=gen, dtype=torch.float64) * (size - 1.2)
+    runs = []
+    for label, pixel, term in (
+            ("every location on a pixel centre", centres.double(), SAMPLE_CENTRE_TERM),
+            ("locations between pixel centres", between, SAMPLE_BETWEEN_TERM)):
+        probe_loc = loc.clone()
+        probe_loc[:, :, :, probe_level, 0] = ((pixel + 0.5) / size).to(loc)
+        runs.append((probe_level, dict(args, sampling_locations=probe_loc), f", probe: {label}",
+                     term))
+    runs += [(level, args, "", None) for level in range(len(shapes))]
+    for level, run_args, label, term in runs:
+        height, width = shapes[level]
+        level_loc = run_args["sampling_locations"][:, :, :, level, 0, :].contiguous()
         out = torch.zeros(batch, queries, heads, channels, device=value.device)
         what = (f"sample_level on level {level} ({height} x {width}) of a 3-level value, "
-                f"D = {channels} channels ({tag})")
+                f"D = {channels} channels{label} ({tag})")
         with forbid_references(tester):
             report = _launch(tester, (triton.cdiv(queries, 8), batch * heads), what, value,
                              shapes_t, starts, level_loc, out, level, value.shape[1], queries,
                              heads, channels, BLOCK_Q=8, BLOCK_D=block_d)
-        report.check(what, _guard_hint(report, args, 8, level_only=level))
+        report.check(what, _guard_hint(report, run_args, 8, level_only=level))
         if not judging():
             continue
         one = torch.zeros(args["attention_weights"].shape, dtype=torch.float64)
         one[:, :, :, level] = 1.0
-        single = dict(args, attention_weights=one.to(args["attention_weights"]))
+        single = dict(run_args, attention_weights=one.to(args["attention_weights"]))
         expected = op.forward_fp64(single)
         got = out.reshape(batch, queries, heads * channels)
         message = _mismatch(got, expected, torch.float32, what, heads)
         if message is not None:
-            raise AssertionError(message + _value_hint(got, single, expected, torch.float32,
-                                                       report))
-    _passed(f"sample_level: each of 3 levels (3 x 5, 4 x 2, 1 x 1) for 2 batch elements, 2 heads, "
-            f"6 queries in a block of 8, D = {channels} ({tag})")
+            hint = _value_hint(got, single, expected, torch.float32, report)
+            if not hint and term:
+                hint = ("\nHint: no usual mistake reproduces your tile here, and what this "
+                        f"probe adds is {term}")
+            raise AssertionError(message + hint)
+    _passed(f"sample_level: 2 probes (pixel centres, between them), then each of 3 levels "
+            f"(3 x 5, 4 x 2, 1 x 1) for 2 batch elements, 2 heads, 6 queries in a block of 8, "
+            f"D = {channels} ({tag})")
+
+
+SAMPLE_CENTRE_TERM = ("the corner's row and value offset: at a pixel centre only corner "
+                      "(y0, x0) has a weight (1), so the tile is that pixel's values, row "
+                      "value_offset(b, level_row(start, r, c, H, W), m, S, M, D) + d")
+SAMPLE_BETWEEN_TERM = ("the other three corners and the weights (the pixel centres were "
+                       "right): corner i is (y0 + i // 2, x0 + i % 2), weighted (1 - dy)(1 - dx), "
+                       "(1 - dy) dx, dy (1 - dx), dy dx")
 
 
 # ---------------------------------------------------------------------- 5-8. the kernel
@@ -733,6 +763,9 @@ def _guard_hint(report, args, block_q, level_only=None):
     shape_list = shapes.tolist()
     levels = [level_only] if level_only is not None else range(len(shape_list))
     offending = []
+    row_of_s = (v.offset // value.shape[3] - m) // heads - b * value.shape[1]
+    starts_list = starts.tolist()
+    swapped_stride = False
     for lvl in levels:
         height, width = shape_list[lvl]
         for k in range(loc.shape[4]):
@@ -740,6 +773,12 @@ def _guard_hint(report, args, block_q, level_only=None):
             for name, row, col, inside in diagnose.corners_of(x, y, height, width):
                 if not inside:
                     offending.append((lvl, k, x, y, name, row, col, height, width))
+                elif height != width and starts_list[lvl] + row * height + col == row_of_s \
+                        and row * height + col >= height * width:
+                    swapped_stride = True       # an on-map corner read at r * H + c
+    if swapped_stride:
+        return (f"batch {b}, query {q}, head {m}: the element read is the row start + r * H + c "
+                f"of a corner on the map: {diagnose.ROW_STRIDE_H}")
     index_text = (f"batch {b}, query {q}, head {m}: every corner of this query lies on the "
                   "map, so the row of S computed for one of them is wrong, not the mask: a "
                   "corner (r, c) of level l is row start + r * W + c of S with start = "
@@ -747,14 +786,24 @@ def _guard_hint(report, args, block_q, level_only=None):
     if not offending:
         return index_text
     # the corner whose row of S the read hit (if the kernel computed it the usual way)
-    row_of_s = (v.offset // value.shape[3] - m) // heads - b * value.shape[1]
-    starts_list = starts.tolist()
     hit = [o for o in offending if starts_list[o[0]] + o[5] * o[8] + o[6] == row_of_s]
     if not hit:
+        nearest = ""
+        on_map = [(abs(row_of_s - (starts_list[lvl] + r * w + c)), lvl, k, name,
+                   starts_list[lvl] + r * w + c)
+                  for lvl in levels for k in range(loc.shape[4])
+                  for (h, w) in [shape_list[lvl]]
+                  for name, r, c, inside in diagnose.corners_of(
+                      *(float(t) for t in loc[b, q, m, lvl, k].tolist()), h, w) if inside]
+        if on_map:
+            _, lvl, k, name, right = min(on_map)
+            nearest = (f"; the row read, {row_of_s} of S, is {row_of_s - right:+d} from the row "
+                       f"of level {lvl}, point {k}, corner {name}, which is {right} (start + "
+                       "r * W + c with start = level_start_index[l])")
         return (f"batch {b}, query {q}, head {m}: {len(offending)} corner(s) of this query lie "
                 "off the map, but the element that was read is none of theirs (computed as "
-                "((b*S + start + r*W + c)*M + m)*D): check the row of each corner, and mask "
-                "every corner unless 0 <= r < H and 0 <= c < W, with other=0.0")
+                f"((b*S + start + r*W + c)*M + m)*D){nearest}: check the row of each corner, "
+                "and mask every corner unless 0 <= r < H and 0 <= c < W, with other=0.0")
     lvl, k, x, y, name, row, col, height, width = hit[0]
     return (f"batch {b}, query {q}, head {m}: level {lvl}, point {k} at (x, y) = ({x:.4g}, "
             f"{y:.4g}) has corner {name} at (row {row}, col {col}), off the {height} x {width} "
@@ -797,6 +846,8 @@ def _value_hint(got, args, expected, dtype, report):
                                 watched=guard.interpreting())
     if hint is None and dtype == torch.float32:
         hint = diagnose.precision_hint(got, expected)
+    if hint is None:
+        hint = diagnose.factor_hint(got, expected, atol)
     return f"\nHint: {hint}" if hint else ""
 
     scale = max(expected.abs().max().item(), 1e-6)
