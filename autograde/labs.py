@@ -84,11 +84,13 @@ KERNEL_VIEW = {
     0: {"autograde.checks.lab00": "*"},
     # lab 00's layer, built on the grid_sample version of the operator (a torch call any
     # student may write); lab 01 asks for the loops of the spec, checked on their own
+    # (autograde.checks._operator: the isolation probes' inputs, which the kernel builds
+    # from the check's seed as the grader does; its expected values need the reference)
     1: {"source_kernels.chips.lab00": ("MSDeformAttn",),
-        "autograde.checks.lab01": "*"},
+        "autograde.checks.lab01": "*", "autograde.checks._operator": "*"},
     # lab 01's spec, the comparison lab 02's flat-memory version is measured against
     2: {"source_kernels.chips.lab01": ("msda_naive",),
-        "autograde.checks.lab02": "*"},
+        "autograde.checks.lab02": "*", "autograde.checks._operator": "*"},
     3: {"source_kernels.chips.lab02": ("contiguous_strides", "flat_offset"),
         "autograde.checks.lab03": "*"},
     4: {"source_kernels.chips.lab01": ("bilinear_sample_naive",),

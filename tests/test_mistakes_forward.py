@@ -72,6 +72,18 @@ MISTAKES = [
             (y0 + 1, x0, (1 - dy) * dx),
             (y0 + 1, x0 + 1, (1 - dy) * (1 - dx))]""")],
      "lab01_check_corner_weights", ["rectangle opposite"]),
+    ("01 corner weights with dx where 1 - dx belongs", L01, "lab01_corner_weights",
+     [(LAB01_CORNERS, """    return [(y0, x0, (1 - dy) * dx),
+            (y0, x0 + 1, (1 - dy) * (1 - dx)),
+            (y0 + 1, x0, dy * dx),
+            (y0 + 1, x0 + 1, dy * (1 - dx))]""")],
+     "lab01_check_corner_weights", ["column weights are swapped"]),
+    ("01 corner weights with dy where 1 - dy belongs", L01, "lab01_corner_weights",
+     [(LAB01_CORNERS, """    return [(y0, x0, dy * (1 - dx)),
+            (y0, x0 + 1, dy * dx),
+            (y0 + 1, x0, (1 - dy) * (1 - dx)),
+            (y0 + 1, x0 + 1, (1 - dy) * dx)]""")],
+     "lab01_check_corner_weights", ["row weights are swapped"]),
     ("01 sample with x and y swapped", L01, "lab01_bilinear_sample",
      [("pixel_coordinate(x, width),\n                                                    "
        "pixel_coordinate(y, height)", "pixel_coordinate(y, width),\n"
@@ -100,6 +112,17 @@ MISTAKES = [
     ("01 msda_naive without attention weights", L01, "lab01_msda_naive",
      [("out[b, q, m] += weight * bilinear_sample_naive", "out[b, q, m] += bilinear_sample_naive")],
      "lab01_check_msda_naive", ["attention weights are missing"]),
+    ("01 msda_naive with a softmax on the given weights", L01, "lab01_msda_naive",
+     [("weight = float(attention_weights[b, q, m, lvl, k])",
+       "weight = float(attention_weights[b, q, m].reshape(-1).softmax(0)[lvl * points + k])")],
+     "lab01_check_msda_naive", ["softmax is applied"]),
+    ("01 msda_naive with a level start one row late", L01, "lab01_msda_naive",
+     [("start = int(level_start_index[lvl])", "start = int(level_start_index[lvl]) + 1")],
+     "lab01_check_msda_naive", ["raised RuntimeError", "level_start_index[l]"]),
+    ("01 msda_naive reads every point at point 0's location", L01, "lab01_msda_naive",
+     [("x, y = sampling_locations[b, q, m, lvl, k].tolist()",
+       "x, y = sampling_locations[b, q, m, lvl, 0].tolist()")],
+     "lab01_check_msda_naive", ["location's index ignores the point"]),
     ("01 msda_naive with the channels before the heads", L01, "lab01_msda_naive",
      [("return out.reshape(batch, queries, heads * channels)",
        "return out.transpose(2, 3).reshape(batch, queries, heads * channels)")],
@@ -133,6 +156,14 @@ MISTAKES = [
     ("02 flat version without the half pixel", L02, "lab02_msda_flat",
      [("corner_weights(x * width - 0.5, y * height - 0.5)", "corner_weights(x * width, y * height)")],
      "lab02_check_msda_flat", ["x * W instead of x * W - 0.5"]),
+    ("02 head and channel strides swapped", L02, "lab02_msda_flat",
+     [("((b * S + start + row * width + col) * M + m) * D",
+       "((b * S + start + row * width + col) * D) * M + m"),
+      ("value_flat[v_row:v_row + D]", "value_flat[v_row:v_row + D * M:M]")],
+     "lab02_check_msda_flat", ["head and channel strides are swapped"]),
+    ("02 value offset without the batch term", L02, "lab02_msda_flat",
+     [("((b * S + start + row * width + col) * M + m) * D", "((start + row * width + col) * M + m) * D")],
+     "lab02_check_msda_flat", ["misses its batch term", "probe: two batch elements"]),
     ("02 int32_wrap unsigned", L02, "lab02_int32",
      [("return (n + 2 ** 31) % 2 ** 32 - 2 ** 31", "return n % 2 ** 32")],
      "lab02_check_int32", ["unsigned"]),
@@ -153,6 +184,9 @@ MISTAKES = [
     ("04 vector add with n // block programs", L04, "lab04_vector_add",
      [("triton.cdiv(n, block)", "n // block")],
      "lab04_check_vector_add", ["too few programs"]),
+    ("04 vector add with tl.program_id(1) on a 1-D grid", L04, "lab04_vector_add",
+     [("pid = tl.program_id(0)", "pid = tl.program_id(1)")],
+     "lab04_check_vector_add", ["every program computed the first block", "tl.program_id(0)"]),
     ("04 copy assuming a contiguous source", L04, "lab04_copy_2d",
      [("src.stride(0), src.stride(1),", "cols, 1,")],
      "lab04_check_copy_2d", ["as if the source were contiguous"]),
@@ -181,6 +215,9 @@ MISTAKES = [
      [("x0 = x0f.to(tl.int32)", "x0 = x_im.to(tl.int32)"), ("y0 = y0f.to(tl.int32)", "y0 = y_im.to(tl.int32)"),
       ("dx = x_im - x0f", "dx = x_im - x_im.to(tl.int32)"), ("dy = y_im - y0f", "dy = y_im - y_im.to(tl.int32)")],
      "lab04_check_bilinear", ["towards zero"]),
+    ("04 bilinear with dx where 1 - dx belongs", L04, "lab04_bilinear",
+     [("(dx if corner % 2 == 1 else 1 - dx)", "(1 - dx if corner % 2 == 1 else dx)")],
+     "lab04_check_bilinear", ["column weights are swapped"]),
     ("04 bilinear with x and y swapped", L04, "lab04_bilinear",
      [("loc_ptr + 2 * offs_n, mask", "loc_ptr + 2 * offs_n + 1, mask"),
       ("loc_ptr + 2 * offs_n + 1, mask=mask_n, other=0.0).to(tl.float32) * H",
@@ -232,7 +269,7 @@ MISTAKES = [
      "lab05_check_sample", ["not c <= W"]),
     ("05 sample without the map mask", L05, "lab05_sample_level",
      [("inside = mask_q & (r >= 0) & (r < H) & (c >= 0) & (c < W)", "inside = mask_q")],
-     "lab05_check_sample", ["before the start of value_ptr", "off the", "map"]),
+     "lab05_check_sample", ["of value_ptr", "off the", "map", "c < W"]),
     ("05 sample without other=0.0", L05, "lab05_sample_level",
      [("mask=inside[:, None] & mask_d[None, :], other=0.0)", "mask=inside[:, None] & mask_d[None, :])")],
      "lab05_check_sample", ["without other=", "other=0.0"]),
@@ -245,9 +282,47 @@ MISTAKES = [
     ("05 sample passing W for H (row stride H)", L05, "lab05_sample_level",
      [("level_row(start, r, c, H, W)", "level_row(start, r, c, W, H)")],
      "lab05_check_sample", ["not r * H + c"]),
+    ("05 sample with dx where 1 - dx belongs", L05, "lab05_sample_level",
+     [("(dx if corner % 2 == 1 else 1 - dx)", "(1 - dx if corner % 2 == 1 else dx)")],
+     "lab05_check_sample", ["column weights are swapped"]),
+    ("05 sample accumulating in bfloat16", L05, "lab05_sample_level",
+     [("tile += w[:, None] * v.to(x.dtype)",
+       "tile = (tile + w[:, None] * v.to(x.dtype)).to(tl.bfloat16)")],
+     "lab05_check_sample", ["bfloat16 value", "accumulated in bfloat16"]),
+    ("05 sample with every corner's row from x0, y0 + i % 2", L05, "lab05_sample_level",
+     [("r = y0 + corner // 2", "r = y0 + corner % 2")],
+     "lab05_check_sample", ["probe: locations between pixel centres", "the other three corners"]),
+    ("05 sample halving every tile", L05, "lab05_sample_level",
+     [("tile += w[:, None] * v.to(x.dtype)", "tile += w[:, None] * v.to(x.dtype) * 0.5")],
+     "lab05_check_sample", ["0.5 times the right one"]),
+    ("05 kernel decodes pid_bm the wrong way round", L05, "lab05_kernel",
+     [("b = pid_bm // M\n    m = pid_bm % M", "b = pid_bm % M\n    m = pid_bm // M")],
+     "lab05_check_inside", ["the index is wrong", "b = pid_bm // M"]),
+    ("05 kernel decodes pid_bm the wrong way round (tile's edges)", L05, "lab05_kernel",
+     [("b = pid_bm // M\n    m = pid_bm % M", "b = pid_bm % M\n    m = pid_bm // M")],
+     "lab05_check_channels", ["the index is wrong", "b = pid_bm // M"]),
+    ("05 kernel's attention index ignores the point", L05, "lab05_kernel",
+     [("a = tl.load(attn_ptr + p,", "a = tl.load(attn_ptr + row_bqm * (L * K) + l * K,")],
+     "lab05_check_inside", ["weight's index ignores the point", "level 0, point 1"]),
     ("05 kernel without attention weights", L05, "lab05_kernel",
      [("acc += a[:, None] * sample_level", "acc += sample_level")],
      "lab05_check_inside", ["attention weights are missing"]),
+    ("05 kernel row index in int32", L05, "lab05_kernel",
+     [("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m", "row_bqm = (b * Q + offs_q) * M + m")],
+     "lab05_check_inside", ["wrapped around", "does not fit in int32", "b.to(tl.int64) * Q"]),
+    ("05 kernel row int64 only at the store", L05, "lab05_kernel",
+     [("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m", "row_bqm = (b * Q + offs_q) * M + m"),
+      ("out_ptrs = out_ptr + (row_bqm * D)", "out_ptrs = out_ptr + (row_bqm.to(tl.int64) * D)")],
+     "lab05_check_inside", ["wrapped around", "b.to(tl.int64) * Q"]),
+    ("05 kernel overwrites the accumulator", L05, "lab05_kernel",
+     [("acc += a[:, None] * sample_level", "acc = a[:, None] * sample_level")],
+     "lab05_check_inside", ["accumulator is overwritten"]),
+    ("05 kernel reads y at x's offset", L05, "lab05_kernel",
+     [("y = tl.load(loc_ptr + 2 * p + 1,", "y = tl.load(loc_ptr + 2 * p,")],
+     "lab05_check_inside", ["y is read where x is"]),
+    ("05 kernel's level start one row late", L05, "lab05_kernel",
+     [("start = tl.load(starts_ptr + l)", "start = tl.load(starts_ptr + l) + 1")],
+     "lab05_check_inside", ["is +1 from the row of level 0", "level_start_index[l]"]),
     ("05 kernel reads every level from row 0", L05, "lab05_kernel",
      [("start = tl.load(starts_ptr + l)", "start = tl.load(starts_ptr) * 0")],
      "lab05_check_inside", ["level_start_index[l]"]),
@@ -274,6 +349,19 @@ MISTAKES = [
          "acc = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)")],
      "lab05_check_half", ["hard-coded tl.float32"]),
 ]
+
+
+# words a message must NOT hold, for mistakes whose hint used to be wrong
+NOT_WORDS = {
+    "04 vector add with tl.program_id(1) on a 1-D grid": ["too few programs"],
+    "05 kernel decodes pid_bm the wrong way round": ["mask its loads with mask_q",
+                                                     "read memory outside"],
+    "05 kernel decodes pid_bm the wrong way round (tile's edges)": ["mask its loads with mask_q"],
+    "05 sample accumulating in bfloat16": ["read outside", "outside the tensor"],
+    "01 corner weights with dy where 1 - dy belongs": ["weighs the right column"],
+    "05 kernel's level start one row late": ["a corner off the map was read"],
+    "05 sample halving every tile": ["row and value offset"],
+}
 
 
 def _defines(source) -> bool:
@@ -340,14 +428,39 @@ def run_with_mistake(lab, cell_id, replacements, check_id):
     return None
 
 
-@pytest.mark.parametrize("lab, cell_id, replacements, check_id, words",
-                         [row[1:] for row in MISTAKES], ids=[row[0] for row in MISTAKES])
-def test_visible_check_names_the_mistake(lab, cell_id, replacements, check_id, words, capsys):
+@pytest.mark.parametrize("name, lab, cell_id, replacements, check_id, words", MISTAKES,
+                         ids=[row[0] for row in MISTAKES])
+def test_visible_check_names_the_mistake(name, lab, cell_id, replacements, check_id, words,
+                                         capsys):
     message = run_with_mistake(lab, cell_id, replacements, check_id)
     assert message is not None, f"{check_id} passed with the mistake in place"
     assert "Hint:" in message, message
     for word in words:
         assert word in message, f"{word!r} not in the message:\n{message}"
+    for word in NOT_WORDS.get(name, ()):
+        assert word not in message, f"the wrong hint {word!r} is back:\n{message}"
+
+
+def test_not_words_name_rows_of_the_table():
+    names = {row[0] for row in MISTAKES}
+    assert set(NOT_WORDS) <= names, set(NOT_WORDS) - names
+
+
+def test_off_map_corners_are_listed_by_name():
+    """The list of a sample's corners off the map names each corner whole (it once printed
+    'level 1 point 1 (y0,, level 1 point 1 (y0,')."""
+    import torch
+
+    from autograde.checks import diagnose
+    value = torch.randn(1, 4, 1, 2, dtype=torch.float64)
+    args = (value, torch.tensor([[2, 2]]), torch.tensor([0]),
+            torch.tensor([[[[[[0.0, 0.0]]]]]], dtype=torch.float64),
+            torch.ones(1, 1, 1, 1, 1, dtype=torch.float64))
+    got = torch.full((1, 1, 2), float("nan"), dtype=torch.float64)
+    text = diagnose.explain_element(got, args, (0, 0, 0), 1e-9)
+    assert "level 0 point 0 corner (y0, x0); level 0 point 0 corner (y0, x1); " \
+           "level 0 point 0 corner (y1, x0)" in text, text
+    assert "(y0,," not in text and "read memory outside" not in text, text
 
 
 def test_every_lab_and_visible_check_has_rows():
@@ -356,3 +469,88 @@ def test_every_lab_and_visible_check_has_rows():
     for lab in (L01, L02, L04, L05):
         missing = set(visible_checks(lab)) - checks
         assert not missing, f"{lab}: no mistake row for the visible checks {sorted(missing)}"
+
+
+# (id, lab, solution cell, [(old, new)], demo cell, words its output must hold): a demo cell
+# runs the student's code under the checks' guard, so a kernel that writes outside its
+# tensors is reported there and the notebook goes on
+DEMOS = [
+    ("05 beside the spec, pid_bm decoded the wrong way round", L05, "lab05_kernel",
+     [("b = pid_bm // M\n    m = pid_bm % M", "b = pid_bm % M\n    m = pid_bm // M")],
+     "lab05_beside_spec", ["kernel msda_forward_kernel", "wrote past the end of out_ptr"]),
+    ("05 interpreter cost, corners read without the map mask", L05, "lab05_sample_level",
+     [("inside = mask_q & (r >= 0) & (r < H) & (c >= 0) & (c < W)", "inside = mask_q")],
+     "lab05_interpreter_cost", ["kernel msda_forward_kernel read", "value_ptr"]),
+    ("04 beside the spec, bilinear loads unmasked", L04, "lab04_bilinear",
+     [("v = tl.load(ptrs, mask=inside[:, None] & mask_d[None, :], other=0.0)", "v = tl.load(ptrs)")],
+     "lab04_beside_spec", ["kernel bilinear_kernel read", "image_ptr"]),
+    ("04 upsampling figure, store unmasked", L04, "lab04_bilinear",
+     [("tl.store(out_ptr + (offs_n * D)[:, None] + offs_d[None, :], acc,\n"
+       "             mask=mask_n[:, None] & mask_d[None, :])",
+       "tl.store(out_ptr + (offs_n * D)[:, None] + offs_d[None, :], acc)")],
+     "lab04_fig_upsample", ["wrote past the end of out_ptr"]),
+]
+
+
+@pytest.mark.parametrize("lab, cell_id, replacements, demo_id, words",
+                         [row[1:] for row in DEMOS], ids=[row[0] for row in DEMOS])
+def test_demo_cells_run_student_code_under_the_guard(lab, cell_id, replacements, demo_id, words,
+                                                     capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    scope = namespace(lab, cell_id, replacements)
+    source = next(src for gid, _, _, src in cells(lab) if gid == demo_id)
+    capsys.readouterr()
+    _exec(source, f"<{lab} {demo_id}>", scope)           # must not raise (nor crash)
+    out = capsys.readouterr().out
+    for word in words:
+        assert word in out, f"{word!r} not in the demo's output:\n{out}"
+
+
+def test_demo_cells_that_run_student_code_are_guarded():
+    """Every given cell of labs 04 and 05 that calls a student's kernel wrapper goes through
+    guarded() (the GPU timing cell of lab 05 excepted: it runs compiled only)."""
+    wrappers = {L04: ("vector_add(", "copy_2d(", "gather_rows(", "bilinear_sample_triton("),
+                L05: ("msda_forward(",)}
+    for lab, names in wrappers.items():
+        for gid, meta, kind, source in cells(lab):
+            if kind != "code" or meta.get("grade") or meta.get("solution") or _defines(source) \
+                    or gid in ("lab05_gpu_timing", "lab04_gpu_timing"):
+                continue
+            for name in names:
+                for line in source.splitlines():
+                    code = line.split("#")[0]
+                    assert name not in code or "guarded(" in code, \
+                        f"{lab} {gid} calls {name} unguarded: {line.strip()}"
+
+
+def test_hidden_check_catches_the_int32_row_index_in_the_replay():
+    """The hidden check of the kernel's int64 rows judges in the grader's process, from what
+    the recorded launch wrote into out (the guard's int32 report stays in the kernel)."""
+    from autograde import recording
+    from autograde.checks import lab05
+
+    scope = namespace(L05, "lab05_kernel", [("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m",
+                                             "row_bqm = (b * Q + offs_q) * M + m")])
+    recording._mode, recording._base_seed, recording._counter = "record", "replay", 0
+    recording._events = []
+    try:
+        lab05.check_forward_int64(scope["msda_forward_kernel"])    # no verdict in the kernel
+    finally:
+        events, recording._events, recording._mode = recording._events, [], None
+    context = recording.ReplayContext(events, "replay")
+    with pytest.raises(AssertionError, match="which no program owns(.|\n)*Hint: .*int64"):
+        recording.replay_check(lab05.check_forward_int64,
+                               [recording.Proxy(context, "msda_forward_kernel")], {}, context)
+
+
+def test_the_grading_kernel_can_build_the_probes():
+    """The probes run in the grading kernel too (their results are recorded and judged in the
+    grader's replay), so the module that builds them is in the kernel's view of each lab that
+    uses them, and the diagnosis that judges them is not."""
+    from autograde import labs
+
+    for lab in (L01, L02, L05):
+        view = labs.kernel_view(lab)
+        assert "autograde.checks._operator" in view, lab
+        assert "autograde.checks.diagnose" not in view, lab

@@ -14,8 +14,8 @@ of a check diagnoses exactly as the notebook does.
   returns the hint of the first one whose result matches the student's;
 - :func:`explain_element` decomposes one wrong output element into its samples and corners
   and says which corner's contribution is missing or extra (a corner off the map that was
-  read, a corner inside it that was skipped), or that the value is garbage (a read past the
-  tensor);
+  read, a corner inside it that was skipped), or that the value is no weighted sum of the
+  inputs;
 - :func:`name_coordinate_mistake` and :func:`name_corner_mistake` do the same for the pixel
   coordinate and the corner indices of one location (labs 01 and 05).
 """
@@ -73,6 +73,32 @@ BORDER = ("corners off the map are moved onto the edge: this operator pads with 
           "corner outside the map adds nothing (no clamping of the index into the map)")
 HEADS_LAYOUT = ("the output's last axis holds the heads side by side, m * D + d (head-major); "
                 "yours is channel-major, d * M + m")
+X_WEIGHTS_SWAPPED = ("the column weights are swapped: dx = x_im - x0 weighs the right column "
+                     "x1 and 1 - dx the left column x0; yours gives dx to x0")
+Y_WEIGHTS_SWAPPED = ("the row weights are swapped: dy = y_im - y0 weighs the lower row y1 and "
+                     "1 - dy the upper row y0; yours gives dy to y0")
+ATTN_IGNORES_POINT = ("the attention weight's index ignores the point: every point k of a level "
+                      "is scaled by the weight of point 0; the weight of (l, k) sits at "
+                      "((((b*Q + q)*M + m)*L + l)*K + k)")
+ATTN_IGNORES_LEVEL = ("the attention weight's index ignores the level: every level l is scaled "
+                      "by the weights of level 0; the weight of (l, k) sits at "
+                      "((((b*Q + q)*M + m)*L + l)*K + k)")
+LOC_IGNORES_POINT = ("the location's index ignores the point: every point k of a level samples "
+                     "at the location of point 0; the location of (l, k) sits at "
+                     "2 * ((((b*Q + q)*M + m)*L + l)*K + k)")
+LOC_IGNORES_LEVEL = ("the location's index ignores the level: every level samples at level 0's "
+                     "locations; the location of (l, k) sits at "
+                     "2 * ((((b*Q + q)*M + m)*L + l)*K + k)")
+SOFTMAX_APPLIED = ("a softmax is applied to the attention weights: the operator takes them as "
+                   "given (the model normalised them before the call); multiply by them as "
+                   "they are")
+NO_BATCH_TERM = ("every batch element reads batch 0's values: the value offset misses its batch "
+                 "term, b * S * M * D elements (((b*S + s)*M + m)*D)")
+NO_HEAD_TERM = ("every head reads head 0's values: the value offset misses its head term, "
+                "m * D elements (((b*S + s)*M + m)*D)")
+HEAD_CHANNEL_SWAPPED = ("the head and channel strides are swapped: value is (B, S, M, D), so "
+                        "channel d of head m is at ((b*S + s)*M + m)*D + d, not "
+                        "((b*S + s)*D + d)*M + m")
 
 
 def passed(text: str) -> None:
@@ -131,7 +157,8 @@ def sample(value, shapes, starts, loc, attn, *, coordinate=None, floor=_floor, a
     "c_lower" / "r_lower", "all"; ``read`` how an accepted corner's value
     is found: "flat" (row start + r*W + c of S, NaN past the tensor), "wrap" (Python indexing,
     -1 is the last row), "clamp" (onto the edge); ``row`` "rW" or "rH" (r * H + c);
-    ``weights`` "bilinear", "ones" or "near" (each corner gets the opposite one's weight);
+    ``weights`` "bilinear", "ones", "near" (each corner gets the opposite one's weight),
+    "flip_x" / "flip_y" (dx and 1 - dx, or dy and 1 - dy, exchanged);
     ``attention``; ``flip_xy``; ``swap_shapes`` (H and W read the other way round);
     ``zero_starts`` (every level from row 0); ``layout`` "md" or "dm" (the output's last axis).
     """
@@ -174,6 +201,10 @@ def sample(value, shapes, starts, loc, attn, *, coordinate=None, floor=_floor, a
                 w = torch.ones_like(dx)
             elif weights == "near":
                 w = (1 - wy) * (1 - wx)
+            elif weights == "flip_x":
+                w = wy * (1 - wx)
+            elif weights == "flip_y":
+                w = (1 - wy) * wx
             else:
                 w = wy * wx
             on_map = (r >= 0) & (r < height) & (c >= 0) & (c < width)
@@ -219,7 +250,89 @@ def sample(value, shapes, starts, loc, attn, *, coordinate=None, floor=_floor, a
     return out.reshape(batch, queries, heads * channels)
 
 
-# the usual mistakes of a forward, each as (hint, conventions of ``sample``)
+# mistakes of indexing that read the right tensors at the wrong place, as transforms of the
+# five arguments (value, shapes, starts, loc, attn) that ``sample`` then reads correctly
+def _attn_point0(args):
+    value, shapes, starts, loc, attn = args
+    return value, shapes, starts, loc, attn[..., :1].expand_as(attn)
+
+
+def _attn_level0(args):
+    value, shapes, starts, loc, attn = args
+    return value, shapes, starts, loc, attn[:, :, :, :1].expand_as(attn)
+
+
+def _loc_point0(args):
+    value, shapes, starts, loc, attn = args
+    return value, shapes, starts, loc[..., :1, :].expand_as(loc), attn
+
+
+def _loc_level0(args):
+    value, shapes, starts, loc, attn = args
+    return value, shapes, starts, loc[:, :, :, :1].expand_as(loc), attn
+
+
+def _softmax(args):
+    value, shapes, starts, loc, attn = args
+    flat = attn.double().reshape(*attn.shape[:3], -1).softmax(-1)
+    return value, shapes, starts, loc, flat.reshape(attn.shape)
+
+
+def _batch0(args):
+    value, shapes, starts, loc, attn = args
+    return value[:1].expand_as(value), shapes, starts, loc, attn
+
+
+def _head0(args):
+    value, shapes, starts, loc, attn = args
+    return value[:, :, :1].expand_as(value), shapes, starts, loc, attn
+
+
+def _head_channel(args):
+    value, shapes, starts, loc, attn = args
+    batch, total, heads, channels = value.shape
+    swapped = value.reshape(-1).reshape(batch, total, channels, heads).transpose(2, 3)
+    return swapped, shapes, starts, loc, attn
+
+
+def _heads_first(args):
+    value, shapes, starts, loc, attn = args
+    batch, total, heads, channels = value.shape
+    read = value.reshape(-1).reshape(batch, heads, total, channels).transpose(1, 2)
+    return read, shapes, starts, loc, attn
+
+
+def _points_first(args):
+    value, shapes, starts, loc, attn = args
+    batch, queries, heads, levels, points, _ = loc.shape
+    loc = loc.reshape(-1).reshape(batch, queries, heads, points, levels, 2).transpose(3, 4)
+    attn = attn.reshape(-1).reshape(batch, queries, heads, points, levels).transpose(3, 4)
+    return value, shapes, starts, loc, attn
+
+
+def _last_sample(args):
+    value, shapes, starts, loc, attn = args
+    kept = torch.zeros_like(attn)
+    kept[..., -1, -1] = attn[..., -1, -1]
+    return value, shapes, starts, loc, kept
+
+
+def _y_is_x(args):
+    value, shapes, starts, loc, attn = args
+    return value, shapes, starts, loc[..., :1].expand_as(loc), attn
+
+
+LAST_SAMPLE_ONLY = ("only the last level's last point is in your output: the accumulator is "
+                    "overwritten at each sample instead of added to (acc += a * sample)")
+Y_IS_X = ("y is read where x is: the location of sample p is x at 2p and y at 2p + 1 (the last "
+          "axis of sampling_locations is (x, y))")
+HEADS_FIRST = ("value is (B, S, M, D): the rows come before the heads, so value[b, s, m, :] "
+               "starts at ((b*S + s)*M + m)*D, not ((b*M + m)*S + s)*D")
+POINTS_FIRST = ("the sample index is p = (((b*Q + q)*M + m)*L + l)*K + k: levels before points")
+
+
+# the usual mistakes of a forward, each as (hint, conventions of ``sample``; "transform": a
+# function of the five arguments applied first)
 MISTAKES = [
     (HALF_PIXEL, dict(coordinate=lambda x, n: x * n)),
     (ALIGN_CORNERS, dict(coordinate=lambda x, n: x * (n - 1))),
@@ -241,6 +354,20 @@ MISTAKES = [
     (WRAP_INDEX, dict(accept="lower", read="wrap")),
     (BORDER, dict(accept="all", read="clamp")),
     (HEADS_LAYOUT, dict(layout="dm")),
+    (X_WEIGHTS_SWAPPED, dict(weights="flip_x")),
+    (Y_WEIGHTS_SWAPPED, dict(weights="flip_y")),
+    (ATTN_IGNORES_POINT, dict(transform=_attn_point0)),
+    (ATTN_IGNORES_LEVEL, dict(transform=_attn_level0)),
+    (LOC_IGNORES_POINT, dict(transform=_loc_point0)),
+    (LOC_IGNORES_LEVEL, dict(transform=_loc_level0)),
+    (SOFTMAX_APPLIED, dict(transform=_softmax)),
+    (NO_BATCH_TERM, dict(transform=_batch0)),
+    (NO_HEAD_TERM, dict(transform=_head0)),
+    (HEAD_CHANNEL_SWAPPED, dict(transform=_head_channel)),
+    (HEADS_FIRST, dict(transform=_heads_first)),
+    (POINTS_FIRST, dict(transform=_points_first)),
+    (LAST_SAMPLE_ONLY, dict(transform=_last_sample)),
+    (Y_IS_X, dict(transform=_y_is_x)),
 ]
 
 
@@ -269,8 +396,13 @@ def name_mistake(got, args, atol, mistakes=None):
     got = got.detach().cpu().double().reshape(right.shape)
     differs = ~((got - right).abs() <= atol)
     for hint, conventions in (mistakes or MISTAKES):
+        conventions = dict(conventions)
+        transform = conventions.pop("transform", None)
+        inputs = (value, shapes, starts, loc, attn)
         try:
-            variant = sample(value, shapes, starts, loc, attn, **conventions)
+            if transform is not None:
+                inputs = transform(inputs)
+            variant = sample(*inputs, **conventions)
         except (RuntimeError, IndexError, ValueError):
             continue
         if _explains(got, variant, differs, atol):
@@ -312,10 +444,12 @@ def bound_hint(row, col, height, width):
     return "mask every corner unless 0 <= r < H and 0 <= c < W"
 
 
-def explain_element(got, args, index, atol, image=False):
+def explain_element(got, args, index, atol, image=False, watched=False):
     """Why output element ``index`` = (b, q, j) with j = m*D + d is wrong, from its samples:
-    a corner off the map that was read, a corner on the map that is missing, or garbage.
-    ``image``: the arguments are one image sampled at Q points (lab 04), named so.
+    a corner off the map that was read, a corner on the map that is missing, or a value no
+    weighted sum of the inputs reaches.  ``image``: the arguments are one image sampled at Q
+    points (lab 04), named so.  ``watched``: the result comes from a run under the guard that
+    saw no access outside a tensor (so a strange value is not a read outside).
     Returns a sentence or None."""
     args = list(args.values()) if isinstance(args, dict) else list(args)
     value, shapes, starts, loc, attn = args
@@ -332,9 +466,12 @@ def explain_element(got, args, index, atol, image=False):
     shape_list = [tuple(int(v) for v in s) for s in torch.as_tensor(shapes).tolist()]
     where = f"point {q}, channel {d}" if image else f"batch {b}, query {q}, head {m}, channel {d}"
     if not math.isfinite(got_v) or abs(got_v) > 1e6:
-        text = (f"at {where} the value {got_v:.6g} is garbage: no weighted sum of these inputs "
-                "reaches it, so something read memory outside the tensor (or an output nobody "
-                "wrote)")
+        text = (f"at {where} the value {got_v:.6g} is not a weighted sum of these inputs (none "
+                "reaches it)")
+        if watched:
+            text += (", and no load went outside a tensor (the check watched every access): "
+                     "look at the arithmetic that makes this element (its dtype, an accumulator "
+                     "that starts from something else than zero)")
         off = _off_map_corners(pieces, b, q, m, shape_list, loc)
         if off:
             text += f"; the corners of this output that lie off the map: {off}"
@@ -383,19 +520,65 @@ def _off_map_corners(pieces, b, q, m, shapes, loc):
         for k in range(on_map.shape[1]):
             for c in range(4):
                 if not on_map[lvl, k, c]:
-                    found.append(f"level {lvl} point {k} {CORNERS[c].split(' ')[0]}")
-    return ", ".join(found[:6]) + (" ..." if len(found) > 6 else "")
+                    found.append(f"level {lvl} point {k} corner {CORNERS[c].split(') ')[0]})")
+    return "; ".join(found[:6]) + (" ..." if len(found) > 6 else "")
 
 
-def output_hint(got, args, atol, index=None, mistakes=None, image=False):
+def output_hint(got, args, atol, index=None, mistakes=None, image=False, watched=False):
     """The hint for a wrong forward output: a named mistake, else the corner that explains
     the worst element, else None."""
     hint = name_mistake(got, args, atol, mistakes)
     if hint is not None:
         return hint
     if index is not None:
-        return explain_element(got, args, index, atol, image=image)
+        return explain_element(got, args, index, atol, image=image, watched=watched)
     return None
+
+
+def _ranges(indices):
+    """'0', '0 to 3', '1, 4 to 6' for a sorted list of ints."""
+    parts, start, prev = [], None, None
+    for i in indices:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            parts.append(f"{start}" if start == prev else f"{start} to {prev}")
+            start = prev = i
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start} to {prev}")
+    return ", ".join(parts)
+
+
+def unwritten(got, heads):
+    """Which output rows were never written, for a (B, Q, M*D) result of a launch whose
+    output the check filled with NaN first: a sentence, or None when no element is NaN."""
+    got = torch.as_tensor(got).detach().cpu()
+    if got.dim() != 3 or not bool(torch.isnan(got).any()):
+        return None
+    batch, queries, width = got.shape
+    nan = torch.isnan(got.double()).reshape(batch, queries, heads, width // heads)
+    rows = nan.all(-1)                                         # (B, Q, M): the whole row
+    parts = []
+    for b in range(batch):
+        for m in range(heads):
+            q = rows[b, :, m].nonzero().flatten().tolist()
+            if q:
+                which = "every query" if len(q) == queries else f"queries {_ranges(q)}"
+                parts.append(f"batch {b}, head {m}: {which}")
+    partial = nan.any(-1) & ~rows
+    text = "never written (they still hold the NaN the check filled the output with)"
+    if parts:
+        text = (f"these output rows were {text}: " + "; ".join(parts[:6])
+                + (" ..." if len(parts) > 6 else ""))
+        if bool(partial.any()):
+            text += "; and some rows only in part (channels)"
+    else:
+        b, q, m = (int(i) for i in partial.nonzero()[0])
+        d = nan[b, q, m].nonzero().flatten().tolist()
+        text = f"channels {_ranges(d)} of batch {b}, query {q}, head {m} were {text}"
+    return text
 
 
 OUTPUT_AXES = ("batch", "query", "head", "channel")
@@ -448,3 +631,161 @@ def name_coordinate_mistake(got, normalised, size, atol=1e-9):
         if bool(((got - f(normalised, size)).abs() <= atol).all()):
             return hint
     return None
+
+
+# ---------------------------------------------------------------------- location by isolation
+# The probes (``_operator.probes``: inputs only, so the grading kernel can build them too)
+# switch on one term of the forward at a time; :func:`locate` judges what the student's
+# function returned on them.
+
+
+def _one_hot(args, lvl, k):
+    attn = torch.zeros_like(args["attention_weights"])
+    attn[..., lvl, k] = 1
+    return dict(args, attention_weights=attn)
+
+
+def _slices(bad, got_shape):
+    """'only batch 1 is wrong' style sentences for a (B, Q, M, D) mask of wrong elements."""
+    parts = []
+    for axis, name in ((0, "batch element"), (2, "head"), (3, "channel")):
+        size = got_shape[axis]
+        if size < 2:
+            continue
+        wrong = bad.transpose(0, axis).reshape(size, -1).any(-1).nonzero().flatten().tolist()
+        if wrong and len(wrong) < size:
+            which = _ranges(wrong)
+            parts.append(f"only {name}{'s' if len(wrong) > 1 else ''} {which} "
+                         f"{'are' if len(wrong) > 1 else 'is'} wrong")
+    return parts
+
+
+def locate(results, probe_list, tolerance, heads_of=None):
+    """The first probe (of ``_operator.probes``) whose result is wrong, as (label, message)
+    for the check to raise, or None when every probe is right.  ``results``: what the student's function returned on
+    each probe, (B, Q, M*D) (or anything else: then named as such); ``tolerance``: the error
+    allowed relative to the largest |expected| (the dtype's)."""
+    from . import _operator
+    for (label, term, args), got in zip(probe_list, results):
+        expected = _operator.forward_fp64(args)
+        heads = args["value"].shape[2]
+        scale = max(expected.abs().max().item(), 1e-6)
+        atol = tolerance * scale
+        message = output_mismatch(got, expected, atol, f"probe: {label}", heads)
+        if message is None:
+            continue
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(expected.shape):
+            return label, message
+        got = got.detach().cpu().double()
+        hint = _probe_hint(got, expected, args, label, term, atol, heads)
+        return label, message + "\nHint: " + hint
+    return None
+
+
+def precision_hint(got, expected, dtype=torch.float32):
+    """The hint when a result of ``dtype`` inputs holds only values of a 16-bit format
+    (every element exactly representable in bfloat16, or in float16) and is within a few of
+    that format's roundings of the reference: the arithmetic ran in 16 bits.  Else None."""
+    if dtype not in (torch.float32, torch.float64):
+        return None
+    got = torch.as_tensor(got).detach().cpu()
+    if not bool(torch.isfinite(got).all()) or got.numel() < 4:
+        return None
+    wide = got.double()
+    scale = max(float(expected.abs().max()), 1e-6)
+    err = float((wide - expected.double()).abs().max()) / scale
+    for name, narrow, bits in (("bfloat16", torch.bfloat16, 8), ("float16", torch.float16, 11)):
+        exact = bool((wide.to(narrow).double() == wide).all())
+        if exact and err <= 16 * 2.0 ** -bits:
+            return (f"every element of your result is a {name} value (its low bits are zero) "
+                    f"and within a few {name} roundings of the reference (largest error "
+                    f"{err:.1e} of the largest value), on {str(dtype)[6:]} inputs: something "
+                    f"is computed or accumulated in {name}; keep the accumulator and every "
+                    "loaded value in ACC_DTYPE and convert only in the store")
+    return None
+
+
+def factor_hint(got, expected, atol):
+    """The hint when ``got`` is one constant times ``expected`` everywhere (a factor other
+    than 1, within ``atol``), else None."""
+    got = torch.as_tensor(got).detach().cpu().double()
+    expected = torch.as_tensor(expected).detach().cpu().double()
+    if got.shape != expected.shape or not bool(torch.isfinite(got).all()):
+        return None
+    big = expected.abs() > 10 * atol
+    if int(big.sum()) < 2:
+        return None
+    factor = float((got[big] / expected[big]).median())
+    if abs(factor - 1) < 1e-3 or not bool(((got - factor * expected).abs() <= atol).all()):
+        return None
+    return (f"every element of your result is {factor:.4g} times the right one: a constant "
+            "factor multiplies the whole sum (a weight counted twice or halved, a scale that "
+            "does not belong)")
+
+
+def _probe_hint(got, expected, args, label, term, atol, heads):
+    batch, queries, width = expected.shape
+    channels = width // heads
+    shape = (batch, queries, heads, channels)
+    never = unwritten(got, heads)
+    if never is not None:
+        return (never + "; nothing of these inputs is outside a tensor, so no program stored "
+                f"those rows. The probe that first goes wrong adds {term}")
+    named = name_mistake(got, args, atol) or precision_hint(got, expected,
+                                                             args["value"].dtype) \
+        or factor_hint(got, expected, atol)
+    if named is not None:
+        return named
+    levels, points = args["attention_weights"].shape[3:]
+    # one-hot probes: does the result equal what another (level, point) should give?
+    hot = (args["attention_weights"] == 1).reshape(-1, levels, points).all(0)
+    if levels * points > 1 and bool(hot.any()) and bool((args["attention_weights"] != 0).sum() ==
+                                args["attention_weights"].numel() // (levels * points)):
+        lvl, k = (int(i) for i in hot.nonzero()[0])
+        if bool((got.abs() <= atol).all()):
+            return (f"with all attention on level {lvl}, point {k}, your output is zero: that "
+                    "sample was scaled by the weight of another (level, point), which is 0 here: "
+                    "the weight's index ignores the " + ("point" if k else "level"))
+        for other_l in range(levels):
+            for other_k in range(points):
+                if (other_l, other_k) == (lvl, k):
+                    continue
+                alt = _operator.forward_fp64(_one_hot(args, other_l, other_k))
+                if bool(((got - alt).abs() <= atol).all()):
+                    return (f"with all attention on level {lvl}, point {k}, your output equals "
+                            f"what level {other_l}, point {other_k} should give: that sample "
+                            "read the location of another (level, point): the location's "
+                            "index ignores the " + ("point" if other_k != k else "level"))
+    bad = ~((got - expected).abs() <= atol)
+    parts = _slices(bad.reshape(shape), shape)
+    where = (", ".join(parts) + ": ") if parts else ""
+    text = (f"{where}no usual mistake reproduces your output here, and the probes before this "
+            f"one were right, so look at what this probe adds: {term}")
+    if "pixel centre" in label:
+        pixel = _which_pixel(got, args)
+        if pixel:
+            text = pixel + "; " + text
+    return text
+
+
+def _which_pixel(got, args):
+    """At a pixel centre: whose value did the student's output take?"""
+    value = args["value"].double()
+    loc = args["sampling_locations"].double()
+    height, width = (int(v) for v in args["value_spatial_shapes"][0])
+    b, q, m = 0, 0, 0
+    x, y = (float(t) for t in loc[b, q, m, 0, 0])
+    c, r = round(x * width - 0.5), round(y * height - 0.5)
+    out = got.reshape(value.shape[0], -1, value.shape[2], value.shape[3])[b, q, m]
+    rows = value[b, :, m]                                       # (S, D)
+    hits = ((rows - out).abs().max(-1).values <= 1e-6 * max(1.0, float(rows.abs().max())))
+    found = hits.nonzero().flatten().tolist()
+    if not found:
+        return None
+    s = found[0]
+    rr, cc = divmod(s, width)
+    if s == r * width + c:
+        return None
+    return (f"at the centre of pixel (row {r}, col {c}) your output is the value of row {s} of "
+            f"S, pixel (row {rr}, col {cc}) of the {height} x {width} map; pixel (row {r}, "
+            f"col {c}) is row {r * width + c} = r * W + c")

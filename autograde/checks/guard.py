@@ -54,7 +54,7 @@ import warnings
 
 import torch
 
-__all__ = ["watch", "launch", "Report", "Violation", "Event", "interpreting"]
+__all__ = ["watch", "launch", "guarded", "Report", "Violation", "Event", "interpreting"]
 
 # Elements of padding on each side of a tensor in ``launch``: more than the typical
 # off-by-one (one element, one row, one block of a few hundred lanes) reaches.
@@ -145,6 +145,8 @@ class Report:
         self.args = ()
         self.kwargs = {}
         self.launches = 0
+        self.poison = frozenset()
+        self.poisoned = set()
         self._seen = set()
 
     def __bool__(self):
@@ -290,6 +292,8 @@ class _Hooks:
                                     _spans(names, args_hst, kwargs_hst))
             for report in _stack:
                 report.launches += 1
+                if report.poison:
+                    _fill_outputs(report, list(zip(names, args_hst)) + list(kwargs_hst.items()))
             return args_hst, kwargs_hst
         executor._init_args_hst = init_args
         self.undo.append(lambda: setattr(executor, "_init_args_hst", original_init))
@@ -465,6 +469,23 @@ class _Hooks:
         return int_op
 
 
+def _fill_outputs(report, named):
+    """Fill the tensors passed as the parameters ``report.poison`` with NaN, the first time
+    each is launched on inside the watch: an element that still holds NaN afterwards was
+    never written (a later launch on the same tensor keeps what the earlier one wrote)."""
+    for name, arg in named:
+        if str(name) not in report.poison or not isinstance(arg, torch.Tensor):
+            continue
+        if not arg.is_floating_point() or arg.numel() == 0:
+            continue
+        key = arg.untyped_storage().data_ptr()
+        if key in report.poisoned:
+            continue
+        report.poisoned.add(key)
+        with torch.no_grad():
+            arg.fill_(float("nan"))
+
+
 def _poison(tl_dtype, dtype_np):
     """What masked-off or outside lanes read: NaN (floats, bf16 as its bits), else the
     integer type's smallest value."""
@@ -483,12 +504,16 @@ _hooks: _Hooks | None = None
 
 
 @contextlib.contextmanager
-def watch(int32: bool = False):
+def watch(int32: bool = False, poison=()):
     """Check every memory access of every kernel launched inside the block (interpreter
-    only); yields a :class:`Report`.  ``int32``: also record int32 arithmetic that wraps."""
+    only); yields a :class:`Report`.  ``int32``: also record int32 arithmetic that wraps.
+    ``poison``: names of kernel parameters (``"out_ptr"``) whose floating-point tensors are
+    filled with NaN before the first launch that gets them, so that an element nobody wrote
+    reads NaN deterministically (not whatever ``torch.empty`` left there)."""
     global _hooks
     report = Report()
     report.int32 = int32
+    report.poison = frozenset(poison)
     if not interpreting():
         yield report
         return
@@ -517,6 +542,37 @@ def watch(int32: bool = False):
         if installed is not None:
             installed.remove()
             _hooks = None
+
+
+# ====================================================================== demo cells
+def _innermost(exc) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def guarded(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` run as the checks run a student's code, for the cells that show
+    it at work (beside the spec, in a figure, timed): every kernel access is watched (under
+    the interpreter an access outside a tensor is switched off and reported instead of
+    crashing the notebook), the outputs ``out_ptr`` / ``dst_ptr`` start as NaN, and an
+    exception is reported in one line.  Returns the result, or None when ``fn`` raised."""
+    name = getattr(fn, "__name__", "your function")
+    try:
+        with watch(poison=("out_ptr", "dst_ptr")) as report:
+            result = fn(*args, **kwargs)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:                                         # noqa: BLE001
+        print(f"{name} raised {type(exc).__name__}: {_innermost(exc)}\n(the check cell of "
+              "this step says what that means; this cell shows nothing until it passes)")
+        return None
+    message = report.message(name)
+    if message is not None:
+        print(message + "\n(the numbers below come from that run; the check cell of this "
+              "step names the corner and the mask)")
+    return result
 
 
 # ====================================================================== padded launches

@@ -109,15 +109,26 @@ def _judge_corners(got, x_im, y_im, tag):
                                  f"{e_col}), got ({row}, {col})\nHint: {hint}")
         if not math.isclose(weight, e_weight, rel_tol=1e-9, abs_tol=1e-12):
             dx, dy = x_im - math.floor(x_im), y_im - math.floor(y_im)
-            near = [(1 - dy) * (1 - dx), (1 - dy) * dx, dy * (1 - dx), dy * dx][::-1]
-            if all(math.isclose(w, n, abs_tol=1e-9) for (_, _, w), n in zip(got, near)):
+
+            def weights(ex, ey):                 # (y0,x0) (y0,x1) (y1,x0) (y1,x1)
+                return [(1 - ey) * (1 - ex), (1 - ey) * ex, ey * (1 - ex), ey * ex]
+
+            def matches(candidate):
+                return all(math.isclose(w, n, abs_tol=1e-9) for (_, _, w), n in zip(got, candidate))
+            if matches(weights(1 - dx, 1 - dy)):
                 hint = diagnose.NEAR_WEIGHTS
+            elif matches(weights(1 - dx, dy)):
+                hint = diagnose.X_WEIGHTS_SWAPPED
+            elif matches(weights(dx, 1 - dy)):
+                hint = diagnose.Y_WEIGHTS_SWAPPED
             elif not math.isclose(total, 1.0, abs_tol=1e-9):
                 hint = (f"your four weights sum to {total:.4f}, not 1: each is the area of the "
                         "rectangle opposite its corner, (1 - dy)(1 - dx), (1 - dy) dx, "
                         "dy (1 - dx), dy dx")
             else:
-                hint = "dx = x_im - x0 weighs the right column x1, 1 - dx the left column x0"
+                hint = ("no usual mistake gives these weights (they do sum to 1): corner "
+                        "(y0, x0) gets (1 - dy)(1 - dx), (y0, x1) (1 - dy) dx, (y1, x0) "
+                        "dy (1 - dx), (y1, x1) dy dx, with dx = x_im - x0, dy = y_im - y0")
             raise AssertionError(f"{where}: corner {name}: expected weight {e_weight:.6f}, got "
                                  f"{weight:.6f}\nHint: {hint}")
 
@@ -216,17 +227,54 @@ def check_msda_naive(msda_naive, seed=None):
              ("3 levels, 2 heads, 2 points, batch 2", (2, 3, 2, 3, [[4, 5], [2, 3], [1, 2]], 2),
               torch.float64, 0.1),
              ("float32, 2 levels", (1, 2, 2, 2, [[3, 3], [2, 2]], 2), torch.float32, 0.05)]
+    from ._operator import probes
     results = []
+    probe_list = probes(gen)
     with forbid_references(msda_naive):
+        probed = [_call_msda(msda_naive, args, f"msda_naive, probe: {label} ({tag})")
+                  for label, _, args in probe_list]
         for description, shape, dtype, outside in cases:
             args = make_inputs(*shape, dtype=dtype, outside=outside,
                                seed=int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen)))
-            results.append((description, args, msda_naive(*(t.clone() for t in args.values()))))
+            results.append((description, args,
+                            _call_msda(msda_naive, args, f"msda_naive, {description} ({tag})")))
     if not judging():
         return
+    from . import diagnose
+    found = diagnose.locate(probed, probe_list, 1e-10)
+    if found is not None:
+        raise AssertionError(f"msda_naive ({tag}), {found[1]}")
     for description, args, got in results:
         _judge_msda(description, args, got, tag)
-    _passed(f"msda_naive: {'; '.join(c[0] for c in cases)}: all match the spec ({tag})")
+    _passed(f"msda_naive: {len(probe_list)} probes (one term at a time), then "
+            f"{'; '.join(c[0] for c in cases)}: all match the spec ({tag})")
+
+
+def _call_msda(msda_naive, args, what):
+    """The student's msda_naive on private copies; an exception it raises becomes the
+    check's message (with what the check can say about it), not the notebook's traceback."""
+    try:
+        return msda_naive(*(t.clone() for t in args.values()))
+    except AssertionError:
+        raise
+    except Exception as exc:                                        # noqa: BLE001
+        text = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        hint = "run it on this input yourself and look at the line the traceback names"
+        if isinstance(exc, RuntimeError) and "shape" in text and "invalid" in text:
+            shapes = args["value_spatial_shapes"].tolist()
+            starts = args["value_level_start_index"].tolist()
+            total = args["value"].shape[1]
+            hint = (f"a reshape to (H, W, D) got fewer rows than H * W: a level's rows are "
+                    f"value[b, start:start + H*W] with start = level_start_index[l], and here "
+                    f"the levels {shapes} start at rows {starts} of S = {total}; a start past "
+                    "the level's first row (or a wrong H * W) cuts the slice short at the "
+                    "end of S")
+        elif isinstance(exc, IndexError):
+            hint = ("an index went past a tensor's size: a corner off the map must be skipped "
+                    "(0 <= row < H and 0 <= col < W), and a level's rows start at "
+                    "level_start_index[l]")
+        raise AssertionError(f"{what}: your msda_naive raised {type(exc).__name__}: {text}"
+                             f"\nHint: {hint}") from None
 
 
 def _judge_msda(description, args, got, tag):

@@ -96,13 +96,29 @@ def check_flat_offset(flat_offset, seed=None):
 
 
 # ---------------------------------------------------------------------- 2. MSDA, flat
-def _call_flat(msda_flat, inputs):
+def _call_flat(msda_flat, inputs, what="msda_flat"):
+    """The student's msda_flat on flat private copies; an exception it raises becomes the
+    check's message, not the notebook's traceback."""
     value, shapes, starts, loc, attn = inputs.values()
     batch, total, heads, channels = value.shape
     _, queries, _, levels, points, _ = loc.shape
     sizes = dict(B=batch, S=total, M=heads, D=channels, Q=queries, L=levels, K=points)
-    return msda_flat(value.reshape(-1).clone(), loc.reshape(-1).clone(), attn.reshape(-1).clone(),
-                     sizes, shapes.tolist(), starts.tolist())
+    try:
+        return msda_flat(value.reshape(-1).clone(), loc.reshape(-1).clone(),
+                         attn.reshape(-1).clone(), sizes, shapes.tolist(), starts.tolist())
+    except AssertionError:
+        raise
+    except Exception as exc:                                        # noqa: BLE001
+        text = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        hint = "run it on this input yourself and look at the line the traceback names"
+        if isinstance(exc, (IndexError, RuntimeError)) and ("index" in text or "size" in text):
+            hint = (f"an offset went past a flat tensor (value has B*S*M*D = "
+                    f"{value.numel()} elements, the locations {loc.numel()}, the weights "
+                    f"{attn.numel()}): {VALUE_ROW}, the location of sample p is at 2p and "
+                    "2p + 1, its weight at p, and only corners with 0 <= r < H, 0 <= c < W "
+                    "are read")
+        raise AssertionError(f"{what}: your msda_flat raised {type(exc).__name__}: {text}"
+                             f"\nHint: {hint}") from None
 
 
 def check_msda_flat(msda_flat, seed=None):
@@ -112,17 +128,37 @@ def check_msda_flat(msda_flat, seed=None):
     cases = [("one sample", (1, 1, 1, 2, [[3, 4]], 1), 0.05),
              ("2 heads, 2 points", (1, 2, 2, 3, [[3, 4]], 2), 0.05),
              ("3 levels, 2 heads, batch 2", (2, 3, 2, 3, [[4, 5], [2, 3], [1, 2]], 2), 0.1)]
+    from ._operator import probes
     results = []
+    probe_list = probes(gen)
     with forbid_references(msda_flat):
+        probed = [_call_flat(msda_flat, args, f"msda_flat, probe: {label} ({tag})")
+                  for label, _, args in probe_list]
         for description, shape, outside in cases:
             inputs = make_inputs(*shape, dtype=torch.float64, outside=outside,
                                  seed=int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen)))
-            results.append((description, inputs, _call_flat(msda_flat, inputs)))
+            results.append((description, inputs,
+                            _call_flat(msda_flat, inputs, f"msda_flat, {description} ({tag})")))
     if not judging():
         return
+    from . import diagnose
+    shaped = []
+    for (_, _, args), got in zip(probe_list, probed):
+        value, loc = args["value"], args["sampling_locations"]
+        size = value.shape[0] * loc.shape[1] * value.shape[2] * value.shape[3]
+        if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == size:
+            got = got.reshape(value.shape[0], loc.shape[1], -1)
+        shaped.append(got)
+    found = diagnose.locate(shaped, probe_list, 1e-10)
+    if found is not None:
+        message = found[1]
+        if message.endswith(diagnose.ROW_STRIDE_H):
+            message = f"{message}: {VALUE_ROW}"
+        raise AssertionError(f"msda_flat ({tag}), {message}")
     for description, inputs, got in results:
         _judge_flat(description, inputs, got, tag)
-    _passed(f"msda_flat: {'; '.join(c[0] for c in cases)}: all match lab 01's spec ({tag})")
+    _passed(f"msda_flat: {len(probe_list)} probes (one term at a time), then "
+            f"{'; '.join(c[0] for c in cases)}: all match lab 01's spec ({tag})")
 
 
 def _judge_flat(description, inputs, got, tag):

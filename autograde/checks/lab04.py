@@ -13,10 +13,14 @@ from __future__ import annotations
 import torch
 
 from . import guard
+from .guard import guarded  # noqa: F401  (the notebook's demo cells: check.guarded(...))
 from .common import count_kernel_launches, expect, forbid_references, fresh_generator, \
     judging, kernel_device
 
 MASK_HINT = "mask = offs < n on the loads and on the store: the last block sticks out past n"
+# the kernels' output parameters: filled with NaN before a launch, so that an element no
+# program wrote reads NaN (not what torch.empty left there)
+OUTPUTS = ("out_ptr", "dst_ptr")
 
 
 def _tag(gen, seed):
@@ -33,7 +37,7 @@ def _wrapper(fn, *args):
     recorded session of its own: while the grading kernel records, a kernel passed to the
     same session would be launched past the launch counter.)"""
     with forbid_references(fn), count_kernel_launches() as launches, \
-            guard.watch() as report:
+            guard.watch(poison=OUTPUTS) as report:
         got = fn(*args)
     if launches.count == 0:
         raise AssertionError(f"{fn.__name__} launched no Triton kernel: the work has to be "
@@ -87,15 +91,22 @@ def check_vector_add(add_kernel, vector_add, seed=None):
     for n in sizes:
         x, y = _on_device(torch.randn(n, generator=gen), torch.randn(n, generator=gen))
         what = f"vector_add, {n} elements ({tag})"
+        kernel_what = f"add_kernel on {n} elements in blocks of 128, grid ({triton.cdiv(n, 128)},) ({tag})"
         with forbid_references(add_kernel, writes=(2,)):
-            report = guard.launch(add_kernel, (triton.cdiv(n, 128),), x, y, torch.empty_like(x),
-                                  n, BLOCK=128)
-        report.check(f"add_kernel on {n} elements in blocks of 128 ({tag})", _mask_hint(report))
+            report = guard.launch(add_kernel, (triton.cdiv(n, 128),), x, y,
+                                  torch.full_like(x, float("nan")), n, BLOCK=128)
+        report.check(kernel_what, _mask_hint(report))
+        kernel_got = report.args[2].detach().clone() if len(report.args) > 2 else None
         got, watched = _wrapper(vector_add, x, y)
         watched.check(what, _mask_hint(watched))
         expected = expect(torch.add, x.cpu(), y.cpu())
         if expected is None:
             continue
+        # the kernel alone, on the check's grid, first: a mistake there is the kernel's
+        if isinstance(kernel_got, torch.Tensor):
+            message = _mismatch(kernel_got, expected, kernel_what, ("element",))
+            if message is not None:
+                raise AssertionError(message + _kernel_hint(kernel_got, expected, x, y, 128))
         message = _mismatch(got, expected, what, ("element",))
         if message is not None:
             raise AssertionError(message + _vector_hint(got, expected, x, y))
@@ -105,20 +116,56 @@ def check_vector_add(add_kernel, vector_add, seed=None):
                         f"match x + y, no access outside the tensors ({tag})")
 
 
+def _unwritten_suffix(got, expected):
+    """s when elements s.. n - 1 of ``got`` were never written (NaN: the check filled the
+    output before the launch) and 0 .. s - 1 are right; else None."""
+    nan = torch.isnan(got)
+    if not bool(nan.any()) or bool(torch.isnan(expected).any()):
+        return None
+    first = int(nan.nonzero()[0])
+    if not bool(nan[first:].all()) or not torch.equal(got[:first], expected[:first]):
+        return None
+    return first
+
+
+def _kernel_hint(got, expected, x, y, block):
+    """The kernel ran on the check's grid, cdiv(n, block) programs: what its output says."""
+    got = got.detach().cpu()
+    n = got.numel()
+    first = _unwritten_suffix(got, expected)
+    if first == block and n > block:
+        return (f"\nHint: with {-(-n // block)} programs of BLOCK = {block}, only elements 0 to "
+                f"{block - 1} were written (the others still hold the NaN the check filled the "
+                "output with): every program computed the first block. The offsets must come "
+                "from tl.program_id(0): a 1-D grid has only axis 0, and tl.program_id(1) is 0 in "
+                "every program")
+    if first is not None:
+        return (f"\nHint: on the check's grid ({-(-n // block)} programs of {block}) elements "
+                f"{first} to {n - 1} were never written (they still hold the NaN the check "
+                "filled the output with): offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)")
+    if torch.equal(got, x.cpu()) or torch.equal(got, y.cpu()):
+        return "\nHint: the output is one of the inputs: store x + y"
+    return ("\nHint: this is your kernel alone, launched by the check on its own grid: "
+            "out[i] = x[i] + y[i] for offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)")
+
+
 def _vector_hint(got, expected, x, y):
+    """The kernel was right on the check's grid, so a wrong result is the wrapper's."""
     got = got.detach().cpu()
     if got.shape != expected.shape:
         return "\nHint: the output has the shape of x: torch.empty_like(x)"
-    bad = (got != expected).nonzero().flatten()
-    first = int(bad[0])
-    if first % 128 == 0 and len(bad) == len(got) - first:
+    first = _unwritten_suffix(got, expected)
+    if first is not None:
         written = f"elements 0 to {first - 1} are right, " if first else ""
-        return (f"\nHint: {written}elements {first} to {len(got) - 1} were never written (they "
-                "hold what torch.empty left there): the grid has too few programs for the last, "
+        return (f"\nHint: your kernel is right on the check's grid of triton.cdiv(n, 128) "
+                f"programs, and through your wrapper {written}elements {first} to "
+                f"{len(got) - 1} were never written (they still hold the NaN the check filled "
+                "the output with): the wrapper's grid has too few programs for the last, "
                 "partial block; launch triton.cdiv(n, BLOCK) of them")
     if torch.equal(got, x.cpu()) or torch.equal(got, y.cpu()):
         return "\nHint: the output is one of the inputs: store x + y"
-    return ""
+    return ("\nHint: your kernel is right on the check's own grid, so the wrapper differs: "
+            "its output tensor, its grid or the arguments it passes")
 
 
 # ---------------------------------------------------------------------- 2. 2-D copy

@@ -8,12 +8,20 @@
    and the flat offset of a value row, the latter on indices whose offset passes 2**31,
    stored to an int64 tensor (the int64 trap, with no memory at those offsets touched);
 4. ``check_sample_level(sample_level)``: one level and one point, the four corner gathers;
-5. ``check_forward_inside(msda_forward)``: the kernel, all levels and points, inside the maps;
+5. ``check_forward_inside(msda_forward, msda_forward_kernel)``: the kernel, all levels and
+   points, inside the maps, then ``check_forward_int64(msda_forward_kernel)`` (step 9);
 6. ``check_forward_outside(msda_forward)``: the masks at the map's edges (borders, outside,
    +-1e9, 1x1 and non-square levels);
 7. ``check_forward_channels(msda_forward)``: the masks at the tile's edges (D not a power of
    two, ragged blocks of queries);
-8. ``check_forward_half_precision(msda_forward)``: fp16 / bf16 / fp64 inputs.
+8. ``check_forward_half_precision(msda_forward)``: fp16 / bf16 / fp64 inputs;
+9. ``check_forward_int64(msda_forward_kernel)``: the kernel's row index and offsets in int64,
+   launched on rows past 2**31 elements (interpreter only).
+
+``check_forward_inside`` first runs the probes of :func:`_operator.probes` (one term of the
+forward switched on at a time) and stops at the first that goes wrong, naming the mistake
+when one reproduces the result, else the term.  The kernel's output starts as NaN
+(``guard.watch(poison=...)``), so a row no program wrote is told apart from a wrong one.
 
 A visible check passes a shown ``seed``; a hidden check draws a fresh one.  Every kernel runs
 under :mod:`guard` (a read or write outside a tensor is named, with its line and corner, and
@@ -30,6 +38,7 @@ from autograde import recording
 
 from . import _operator as op
 from . import guard
+from .guard import guarded  # noqa: F401  (the notebook's demo cells: check.guarded(...))
 from .common import count_kernel_launches, expect, forbid_references, fresh_generator, judging
 
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
@@ -441,36 +450,66 @@ def check_sample_level(sample_level, seed=None):
     value, shapes_t, starts, loc, _ = args.values()
     batch, queries, heads = loc.shape[0], loc.shape[1], loc.shape[2]
     block_d = triton.next_power_of_2(channels)
-    for level, (height, width) in enumerate(shapes):
-        level_loc = loc[:, :, :, level, 0, :].contiguous()              # (B, Q, M, 2)
+    # location by isolation first: level 1 (4 x 2: a pixel centre is exact in float32) with
+    # every location on a pixel centre (one corner, weight 1), then between centres (four
+    # corners on the map), then the general case
+    probe_level = 1
+    size = torch.tensor([shapes[probe_level][1], shapes[probe_level][0]], dtype=torch.float64)
+    centres = torch.stack([torch.randint(0, int(size[0]), loc.shape[:3], generator=gen),
+                           torch.randint(0, int(size[1]), loc.shape[:3], generator=gen)], -1)
+    between = 0.1 + torch.rand(*loc.shape[:3], 2, generator=gen, dtype=torch.float64) * (size - 1.2)
+    runs = []
+    for label, pixel, term in (
+            ("every location on a pixel centre", centres.double(), SAMPLE_CENTRE_TERM),
+            ("locations between pixel centres", between, SAMPLE_BETWEEN_TERM)):
+        probe_loc = loc.clone()
+        probe_loc[:, :, :, probe_level, 0] = ((pixel + 0.5) / size).to(loc)
+        runs.append((probe_level, dict(args, sampling_locations=probe_loc), f", probe: {label}",
+                     term))
+    runs += [(level, args, "", None) for level in range(len(shapes))]
+    for level, run_args, label, term in runs:
+        height, width = shapes[level]
+        level_loc = run_args["sampling_locations"][:, :, :, level, 0, :].contiguous()
         out = torch.zeros(batch, queries, heads, channels, device=value.device)
         what = (f"sample_level on level {level} ({height} x {width}) of a 3-level value, "
-                f"D = {channels} channels ({tag})")
+                f"D = {channels} channels{label} ({tag})")
         with forbid_references(tester, writes=(4,)):
             report = _launch(tester, (triton.cdiv(queries, 8), batch * heads), what, value,
                              shapes_t, starts, level_loc, out, level, value.shape[1], queries,
                              heads, channels, BLOCK_Q=8, BLOCK_D=block_d)
-        report.check(what, _guard_hint(report, args, 8, level_only=level))
+        report.check(what, _guard_hint(report, run_args, 8, level_only=level))
         if not judging():
             continue
         one = torch.zeros(args["attention_weights"].shape, dtype=torch.float64)
         one[:, :, :, level] = 1.0
-        single = dict(args, attention_weights=one.to(args["attention_weights"]))
+        single = dict(run_args, attention_weights=one.to(args["attention_weights"]))
         expected = op.forward_fp64(single)
         got = out.reshape(batch, queries, heads * channels)
         message = _mismatch(got, expected, torch.float32, what, heads)
         if message is not None:
-            raise AssertionError(message + _value_hint(got, single, expected, torch.float32,
-                                                       report))
-    _passed(f"sample_level: each of 3 levels (3 x 5, 4 x 2, 1 x 1) for 2 batch elements, 2 heads, "
-            f"6 queries in a block of 8, D = {channels} ({tag})")
+            hint = _value_hint(got, single, expected, torch.float32, report)
+            if not hint and term:
+                hint = ("\nHint: no usual mistake reproduces your tile here, and what this "
+                        f"probe adds is {term}")
+            raise AssertionError(message + hint)
+    _passed(f"sample_level: 2 probes (pixel centres, between them), then each of 3 levels "
+            f"(3 x 5, 4 x 2, 1 x 1) for 2 batch elements, 2 heads, 6 queries in a block of 8, "
+            f"D = {channels} ({tag})")
+
+
+SAMPLE_CENTRE_TERM = ("the corner's row and value offset: at a pixel centre only corner "
+                      "(y0, x0) has a weight (1), so the tile is that pixel's values, row "
+                      "value_offset(b, level_row(start, r, c, H, W), m, S, M, D) + d")
+SAMPLE_BETWEEN_TERM = ("the other three corners and the weights (the pixel centres were "
+                       "right): corner i is (y0 + i // 2, x0 + i % 2), weighted (1 - dy)(1 - dx), "
+                       "(1 - dy) dx, dy (1 - dx), dy dx")
 
 
 # ---------------------------------------------------------------------- 5-8. the kernel
 def _run(msda_forward, args, what, block_q):
     try:
         with forbid_references(msda_forward), count_kernel_launches() as launches, \
-                guard.watch() as report:
+                guard.watch(poison=("out_ptr",)) as report:
             got = msda_forward(*args.values(), block_q=block_q)
     except AssertionError:
         raise
@@ -484,10 +523,30 @@ def _run(msda_forward, args, what, block_q):
     return got, report
 
 
-def _check(msda_forward, cases, seed, label):
+def _probe(msda_forward, gen, tag, label):
+    """Location by isolation: the kernel on the probes of :func:`_operator.probes` (one term
+    switched on at a time), before the general cases; raises at the first wrong one."""
+    results = []
+    probe_list = op.probes(gen, torch.float32)
+    for name, _, args in probe_list:
+        on_device = {k: v.to(op.device()) for k, v in args.items()}
+        got, _ = _run(msda_forward, on_device, f"{label}, probe: {name} ({tag})", 8)
+        results.append(got.detach().cpu() if isinstance(got, torch.Tensor) else got)
+    if not judging():
+        return len(probe_list)
+    from . import diagnose
+    found = diagnose.locate(results, probe_list, op.TOLERANCE[torch.float32])
+    if found is not None:
+        raise AssertionError(f"{label} ({tag}), {found[1]}")
+    return len(probe_list)
+
+
+def _check(msda_forward, cases, seed, label, isolate=False):
     gen = fresh_generator(seed)
     tag = _tag(gen, seed)
     done = []
+    if isolate:
+        done.append(f"{_probe(msda_forward, gen, tag, label)} probes, one term at a time")
     for description, kwargs, block_q, edit in cases(gen):
         args = op.inputs(gen, **kwargs)
         if edit is not None:
@@ -516,9 +575,10 @@ def _check(msda_forward, cases, seed, label):
     _passed(f"{label}: " + "; ".join(done) + f" match the fp64 reference ({tag})")
 
 
-def check_forward_inside(msda_forward, seed=None):
+def check_forward_inside(msda_forward, msda_forward_kernel=None, seed=None):
     """All levels and points, several heads, batch 2, locations inside the maps; more
-    queries than one block holds."""
+    queries than one block holds; then, given the kernel, its rows past 2**31 elements
+    (:func:`check_forward_int64`)."""
     def cases(gen):
         yield ("one level, one head, one point", dict(
             batch=1, queries=6, heads=1, channels=4, shapes=[[4, 5]], points=1,
@@ -526,7 +586,9 @@ def check_forward_inside(msda_forward, seed=None):
         yield ("2 levels, 2 points, batch 2, 12 queries in blocks of 8", dict(
             batch=2, queries=12, heads=1, channels=4, shapes=[[5, 7], [3, 4]], points=2,
             outside=-0.05), 8, None)
-    _check(msda_forward, cases, seed, "msda_forward inside the maps")
+    _check(msda_forward, cases, seed, "msda_forward inside the maps", isolate=True)
+    if msda_forward_kernel is not None:
+        check_forward_int64(msda_forward_kernel, seed)
 
 
 def _edges(args, gen):
@@ -575,6 +637,84 @@ def check_forward_half_precision(msda_forward, seed=None):
     _check(msda_forward, cases, seed, "msda_forward in half and double precision")
 
 
+# ---------------------------------------------------------------------- 9. int64 rows
+UNTOUCHED = 1234.5          # what out holds where no program may write
+INT64_CASES = [
+    # (what it makes wrap, M, Q): with B = 2, D = 8 and BLOCK_Q = 8, the programs of batch 1
+    # own output rows (Q + q) * M + m, whose element offsets pass 2**32 by a little: in int32
+    # they wrap around onto rows 32 and up of a small out, which nobody else writes
+    ("(b*Q + q)*M + m fits in int32, its offset times D does not", 1, 2 ** 29 + 16),
+    ("the row (b*Q + q)*M + m itself passes 2**31", 4, 2 ** 30 + 16),
+]
+
+
+def check_forward_int64(msda_forward_kernel, seed=None):
+    """The kernel's own indices in int64 (section 5: the row ``(b*Q + q)*M + m`` and every
+    offset built on it): launched by the check on a grid of one block of queries per (batch,
+    head), with B = 2 and a ``Q`` so large that batch 1's rows lie past 2**31 elements.  Its
+    accesses there fall outside every tensor (the interpreter's guard switches them off); a
+    kernel whose index wraps around in int32 writes into rows of ``out`` that no program owns
+    instead, and the check sees it there.  Interpreter only: compiled, the same launch would
+    touch memory far past the tensors."""
+    import triton
+
+    gen = fresh_generator(seed)
+    tag = _tag(gen, seed)
+    if not guard.interpreting():
+        _passed("msda_forward_kernel in int64: checked under the interpreter only (TRITON_INTERPRET=1)")
+        return
+    batch, channels, block_q = 2, 8, 8
+    for description, heads, queries in INT64_CASES:
+        shapes = torch.tensor([[2, 2]], dtype=torch.int64)
+        starts = torch.tensor([0], dtype=torch.int64)
+        value = torch.randn(batch, 4, heads, channels, generator=gen)
+        # locations and weights of batch 0's first block of queries only: batch 1's lie past
+        # the end of these tensors, as its rows lie past the end of out
+        loc = torch.rand(block_q * heads * 2, generator=gen) * 0.8 + 0.1
+        attn = torch.rand(block_q * heads, generator=gen)
+        rows = 32 + heads * block_q * 2
+        out = torch.full((rows * channels,), UNTOUCHED)
+        what = (f"msda_forward_kernel with B = {batch}, Q = {queries}, M = {heads}, D = "
+                f"{channels}, one block of {block_q} queries per (batch, head): {description} "
+                f"({tag})")
+        device = op.device()
+        tensors = [t.to(device) for t in (value, shapes, starts, loc, attn, out)]
+        try:
+            with forbid_references(msda_forward_kernel), guard.watch(int32=True) as report:
+                msda_forward_kernel[(1, batch * heads)](
+                    *tensors, 4, queries, heads, channels, L=1, K=1, BLOCK_Q=block_q,
+                    BLOCK_D=channels, ACC_DTYPE=tl_float32())
+        except AssertionError:
+            raise
+        except Exception as exc:                                    # noqa: BLE001
+            raise _as_assertion(exc, f"{what}: your kernel raised {type(exc).__name__}: "
+                                     f"{_last_line(exc)}") from None
+        if not judging():
+            continue
+        got = tensors[5].detach().cpu().reshape(rows, channels)
+        owned = block_q * heads                     # rows of batch 0's first block of queries
+        stray = (got[owned:] != UNTOUCHED).any(-1).nonzero().flatten()
+        if stray.numel() == 0:
+            continue
+        first, last = int(stray[0]) + owned, int(stray[-1]) + owned
+        overflow = [e for e in report.overflows.values() if e.line]
+        where = f" ({overflow[0].line}: {overflow[0].example})" if overflow else ""
+        raise AssertionError(
+            f"{what}: rows {first} to {last} of out were written, which no program owns: batch "
+            f"1's rows start at (1*Q + 0)*M = {queries * heads}, offset {queries * heads * channels} "
+            f"> 2**31, and an index computed in int32 wrapped around onto them{where}\nHint: "
+            "tl.program_id gives int32, and Q, M, D arrive as int32: make the row int64 before "
+            "the first multiplication, row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m, and "
+            "build every offset (the locations', the weights', the output's) on it")
+    _passed(f"msda_forward_kernel: rows past 2**31 elements stay in int64, {len(INT64_CASES)} "
+            f"shapes ({tag})")
+
+
+def tl_float32():
+    import triton.language as tl
+    return tl.float32
+
+
 # ---------------------------------------------------------------------- diagnosis
 def _guard_hint(report, args, block_q, level_only=None):
     """Which query, head and corner the first access outside belongs to, and the mask (the
@@ -582,6 +722,26 @@ def _guard_hint(report, args, block_q, level_only=None):
     v = report.first
     if v is None:
         return None
+    value, shapes, starts, loc, _ = args.values()
+    batch, heads, channels = value.shape[0], value.shape[2], value.shape[3]
+    queries = loc.shape[1]
+    known = v.program is not None and v.lane is not None and len(v.lane) >= 1
+    if known:
+        q = v.program[0] * block_q + v.lane[0]
+        b, m = divmod(v.program[1], heads)
+        d = v.lane[1] if len(v.lane) > 1 else 0
+        real = q < queries and d < channels and (v.kind != "write" or len(v.lane) > 1)
+    if known and real and ("value" not in v.tensor or v.kind == "write"):
+        # a lane the masks keep (a query that exists, a channel below D) went outside: the
+        # index is wrong, not the mask
+        return (f"the lane that went outside belongs to query {q} < Q = {queries}"
+                + (f", channel {d} < D = {channels}" if v.kind == "write" else "")
+                + f", which exists: the mask is right and the index is wrong. Program "
+                f"(pid_q, pid_bm) = {tuple(v.program[:2])} computes batch b = pid_bm // M = {b}, "
+                f"head m = pid_bm % M = {m} (B = {batch}, M = {heads}); with those, the "
+                f"{'output' if v.kind == 'write' else 'location / weight'} index of "
+                "(b, q, m) stays inside the tensor: check how b and m come from pid_bm and each "
+                "term of the index")
     if v.kind == "write":
         return ("the store of the output tile goes outside out: mask it with "
                 "mask_q[:, None] & mask_d[None, :] (the last block of queries and the channels "
@@ -591,13 +751,9 @@ def _guard_hint(report, args, block_q, level_only=None):
                 "queries sticks out)")
     text = ("a corner off the map was read: mask every corner unless 0 <= r < H and "
             "0 <= c < W, in the load itself, with other=0.0")
-    value, shapes, starts, loc, _ = args.values()
-    heads = value.shape[2]
-    if v.program is None or v.lane is None or len(v.lane) < 1:
+    if not known:
         return text
-    q = v.program[0] * block_q + v.lane[0]
-    b, m = divmod(v.program[1], heads)
-    if q >= loc.shape[1]:
+    if q >= queries:
         return ("a query past Q was read: the gathers of the last block of queries need "
                 "mask_q in their mask")
     try:
@@ -607,6 +763,9 @@ def _guard_hint(report, args, block_q, level_only=None):
     shape_list = shapes.tolist()
     levels = [level_only] if level_only is not None else range(len(shape_list))
     offending = []
+    row_of_s = (v.offset // value.shape[3] - m) // heads - b * value.shape[1]
+    starts_list = starts.tolist()
+    swapped_stride = False
     for lvl in levels:
         height, width = shape_list[lvl]
         for k in range(loc.shape[4]):
@@ -614,13 +773,38 @@ def _guard_hint(report, args, block_q, level_only=None):
             for name, row, col, inside in diagnose.corners_of(x, y, height, width):
                 if not inside:
                     offending.append((lvl, k, x, y, name, row, col, height, width))
+                elif height != width and starts_list[lvl] + row * height + col == row_of_s \
+                        and row * height + col >= height * width:
+                    swapped_stride = True       # an on-map corner read at r * H + c
+    if swapped_stride:
+        return (f"batch {b}, query {q}, head {m}: the element read is the row start + r * H + c "
+                f"of a corner on the map: {diagnose.ROW_STRIDE_H}")
+    index_text = (f"batch {b}, query {q}, head {m}: every corner of this query lies on the "
+                  "map, so the row of S computed for one of them is wrong, not the mask: a "
+                  "corner (r, c) of level l is row start + r * W + c of S with start = "
+                  "level_start_index[l], and its values start at ((b*S + row)*M + m)*D")
     if not offending:
-        return text
+        return index_text
     # the corner whose row of S the read hit (if the kernel computed it the usual way)
-    row_of_s = (v.offset // value.shape[3] - m) // heads - b * value.shape[1]
-    starts_list = starts.tolist()
     hit = [o for o in offending if starts_list[o[0]] + o[5] * o[8] + o[6] == row_of_s]
-    lvl, k, x, y, name, row, col, height, width = (hit or offending)[0]
+    if not hit:
+        nearest = ""
+        on_map = [(abs(row_of_s - (starts_list[lvl] + r * w + c)), lvl, k, name,
+                   starts_list[lvl] + r * w + c)
+                  for lvl in levels for k in range(loc.shape[4])
+                  for (h, w) in [shape_list[lvl]]
+                  for name, r, c, inside in diagnose.corners_of(
+                      *(float(t) for t in loc[b, q, m, lvl, k].tolist()), h, w) if inside]
+        if on_map:
+            _, lvl, k, name, right = min(on_map)
+            nearest = (f"; the row read, {row_of_s} of S, is {row_of_s - right:+d} from the row "
+                       f"of level {lvl}, point {k}, corner {name}, which is {right} (start + "
+                       "r * W + c with start = level_start_index[l])")
+        return (f"batch {b}, query {q}, head {m}: {len(offending)} corner(s) of this query lie "
+                "off the map, but the element that was read is none of theirs (computed as "
+                f"((b*S + start + r*W + c)*M + m)*D){nearest}: check the row of each corner, "
+                "and mask every corner unless 0 <= r < H and 0 <= c < W, with other=0.0")
+    lvl, k, x, y, name, row, col, height, width = hit[0]
     return (f"batch {b}, query {q}, head {m}: level {lvl}, point {k} at (x, y) = ({x:.4g}, "
             f"{y:.4g}) has corner {name} at (row {row}, col {col}), off the {height} x {width} "
             f"map ({len(offending)} corner(s) of this query are off): "
@@ -644,6 +828,11 @@ def _value_hint(got, args, expected, dtype, report):
         line = next(iter(report.loads_without_other.values())).line
         return ("\nHint: a masked tl.load without other= leaves its masked lanes undefined (the "
                 f"check fills them with NaN) and they reach the output: give other=0.0 at {line}")
+    never = diagnose.unwritten(got, args["value"].shape[2])
+    if never is not None and not bool(torch.isnan(expected).any()):
+        return ("\nHint: " + never + ": the program that owns a row computes b = pid_bm // M, "
+                "m = pid_bm % M and the queries pid_q * BLOCK_Q + i, and stores at row "
+                "(b*Q + q)*M + m; a row nobody stores to keeps the check's NaN")
     if dtype in (torch.float16, torch.bfloat16, torch.float64):
         half = _half_hint(got, args, expected, dtype)
         if half:
@@ -653,8 +842,24 @@ def _value_hint(got, args, expected, dtype, report):
         return "\nHint: " + spill
     scale = max(expected.abs().max().item(), 1e-6)
     atol = op.TOLERANCE[dtype] * scale
-    hint = diagnose.output_hint(got.double(), args, atol, diagnose.worst_index(got, expected))
+    hint = diagnose.output_hint(got.double(), args, atol, diagnose.worst_index(got, expected),
+                                watched=guard.interpreting())
+    if hint is None and dtype == torch.float32:
+        hint = diagnose.precision_hint(got, expected)
+    if hint is None:
+        hint = diagnose.factor_hint(got, expected, atol)
     return f"\nHint: {hint}" if hint else ""
+
+    scale = max(expected.abs().max().item(), 1e-6)
+    err = (got - expected).abs().max().item() / scale
+    for name, bits in (("float16", 11), ("bfloat16", 8)):
+        if err <= 8 * 2.0 ** -bits and err > 8 * 2.0 ** -(bits + 6):
+            return (f"every element is within a few {name} roundings of the reference "
+                    f"(largest error {err:.1e} of the largest value) on float32 inputs: "
+                    f"something is computed or accumulated in {name}; keep the accumulator "
+                    "and every loaded value in ACC_DTYPE (float32) and convert only in the "
+                    "store")
+    return None
 
 
 def _spill_hint(got, expected, args):
