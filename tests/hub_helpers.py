@@ -124,6 +124,12 @@ class Hub:
                                "--state", str(self.state), *extra], capture_output=True,
                               text=True, timeout=900)
 
+    def grade_started(self, lab: str = LAB, *extra) -> subprocess.Popen:
+        """``grade``, started and left running (text pipes for its output)."""
+        return subprocess.Popen([sys.executable, str(HUB_DIR / "hub.py"), "grade", lab,
+                                 "--state", str(self.state), *extra], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
     def report(self, lab: str = LAB) -> dict:
         """{student: row} from ``python -m autograde report --json``."""
         out = self.state.parent / "report.json"

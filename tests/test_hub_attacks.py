@@ -18,7 +18,8 @@ honest (the source notebook's solutions).  ``alice`` attacks:
 - **root, through the instructor's account**: the instructor's account cannot change,
   rename or delete the course's nbgrader_config.py or open up the course folder; a module
   named ``autograde.py`` that it leaves in the course folder is not what root's grading
-  imports; with a link in the course folder, ``hub.py grade`` refuses to start;
+  imports; with a link in the course folder, ``hub.py grade`` refuses to start, and while
+  it grades the account can add, rename or swap nothing in the course folder;
 - **a hand-made submission** (no ``submission_secret.txt``) sorts first: Release Feedback
   reports it and releases everyone else's.
 
@@ -33,6 +34,7 @@ import os
 import pwd
 import re
 import tempfile
+import time
 from pathlib import Path
 
 import nbformat
@@ -212,8 +214,33 @@ open(os.path.join(hand, 'timestamp.txt'), 'w').write('2020-01-01 00:00:00.000000
     refused = hub.grade()
     assert refused.returncode == 2 and "holds links" in refused.stderr, refused.stderr[-2000:]
     hh.run_as(hub.instructor, f"os.unlink({str(trap)!r})")
-    graded = hub.grade()
-    assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
+    # while root grades, the course folder is root's alone: the instructor's account reads
+    # it, and can add or swap nothing in it
+    grading = hub.grade_started()
+    deadline = time.monotonic() + 120
+    while (os.stat(hub.course / "submitted").st_uid != 0) and grading.poll() is None and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert grading.poll() is None, "grading ended before the test could look"
+    attempts = {"link in course": "os.symlink('/etc/shadow', os.path.join(course, 'x'))",
+                "link in submitted": "os.symlink('/etc/shadow', os.path.join(sub, 'y'))",
+                "swap notebook": "os.rename(os.path.join(sub, nb), os.path.join(sub, 'z'))",
+                "read config": "open(os.path.join(course, 'nbgrader_config.py')).read()"}
+    during = hh.run_as(hub.instructor, f"""
+course = {str(hub.course)!r}
+sub, nb = os.path.join(course, 'submitted', {alice!r}, '{LAB}'), '{LAB}.ipynb'
+result = {{}}
+""" + "".join(hh.attempt(action) + f"result[{name!r}] = outcome\n"
+              for name, action in attempts.items()))
+    out, err = grading.communicate(timeout=900)
+    assert grading.returncode == 0, out[-3000:] + err[-3000:]
+    assert during == {"link in course": "PermissionError", "link in submitted":
+                      "PermissionError", "swap notebook": "PermissionError",
+                      "read config": "done"}, during
+    instructor_uid = pwd.getpwnam(hub.instructor).pw_uid
+    assert os.stat(hub.course / "submitted" / alice / LAB / f"{LAB}.ipynb").st_uid == \
+        instructor_uid and os.stat(hub.course / "autograded").st_uid == instructor_uid
+    assert hub.course.stat().st_mode & 0o7777 == 0o3770
     assert not marker.exists(), "root imported the instructor's autograde.py"
     hh.run_as(hub.instructor, f"os.unlink({str(hub.course / 'autograde.py')!r})")
     rows = hub.report()

@@ -28,7 +28,7 @@ each user's JupyterLab as that account (``LocalProcessSpawner`` with the limits 
 hub_limits.py) in a home folder of mode 0700.  This needs root; so does grading, whose
 sandbox gives each grading kernel a uid of its own.  Root runs nothing an account can write:
 ``grade`` checks that the course's config is still root's, keeps the course folder off
-Python's path and refuses links in it; ``chown_tree`` follows no link (book/hub.md: "Who is
+Python's path, makes the folder root's alone while it grades and refuses links in it; ``chown_tree`` follows no link (book/hub.md: "Who is
 trusted with what").
 """
 from __future__ import annotations
@@ -198,7 +198,7 @@ def write_course_config(course: Path, text: str, instructor: str):
     fd = os.open(course, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         os.fchown(fd, 0, group)
-        os.fchmod(fd, 0o3770)
+        os.fchmod(fd, COURSE_MODE)
     finally:
         os.close(fd)
     path = course / CONFIG_NAME
@@ -561,16 +561,52 @@ def links_in(path: Path) -> list[str]:
     return sorted(found)
 
 
+COURSE_MODE, FROZEN_MODE = 0o3770, 0o3750
+
+
+def freeze(course: Path):
+    """While root grades in it, the course folder is root's alone: the folder loses its
+    group's write bit, and everything under it, top down, becomes root's (``lchown``; no
+    link is followed) and loses the others' write bit.  The instructor's account can then
+    read everything (the formgrader's pages work, read-only) but add, rename or swap
+    nothing, so no link appears where root reads or writes.  ``chown_tree`` gives it all
+    back afterwards."""
+    fd = os.open(course, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, FROZEN_MODE)
+    finally:
+        os.close(fd)
+    for folder, dirs, files in os.walk(course):   # a folder is frozen before it is read
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                continue                             # links_in reports it
+            os.chown(path, 0, 0, follow_symlinks=False)
+            if info.st_mode & 0o002:
+                os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o002)
+
+
+def thaw(course: Path, instructor: str, log=sys.stderr):
+    """The course folder back to the instructor (``freeze`` undone)."""
+    fd = os.open(course, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, COURSE_MODE)
+    finally:
+        os.close(fd)
+    chown_tree(course, instructor, keep=[course / CONFIG_NAME], log=log)
+
+
 def grade(state: Path, lab: str, extra=(), log=sys.stderr) -> int:
     """``python -m autograde grade LAB`` on the course folder, as root (the sandbox gives
     every kernel its own uid), then hand the outputs back to the instructor's account so
     that the formgrader and feedback work from the instructor's server.
 
-    Root runs no file that the instructor's account can write: the course's
-    nbgrader_config.py must be root's own (``course_config_problem``), Python does not put
-    the course folder on its import path (``-P``, PYTHONSAFEPATH), and grading refuses to
-    start while the course folder holds a link (root writes logs and results there; a link
-    would take those writes elsewhere)."""
+    Root runs no file that the instructor's account can write, and writes through none of
+    her links: the course's nbgrader_config.py must be root's own
+    (``course_config_problem``), Python does not put the course folder on its import path
+    (``-P``, PYTHONSAFEPATH), the course folder is root's alone while grading runs
+    (``freeze``), and grading refuses to start while it holds a link."""
     require_root()
     conf = settings(state)
     course = Path(conf["course"])
@@ -578,27 +614,30 @@ def grade(state: Path, lab: str, extra=(), log=sys.stderr) -> int:
     if problem:
         log.write(f"hub.py grade: not grading: {problem}\n")
         return 2
-    links = links_in(course)
-    if links:
-        log.write("hub.py grade: not grading: the course folder holds links, which the "
-                  "grading step (root) would write through:\n" +
-                  "".join(f"  {link} -> {os.readlink(link)}\n" for link in links) +
-                  "remove them (they are not the course's) and grade again\n")
-        return 2
-    refused = course / "refused" / lab / "report.txt"
-    if refused.is_file():
-        log.write(f"hub.py grade: Collect refused submissions of {lab}; see {refused}\n")
-    env = dict(os.environ)
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    # the course's packages from the environment's install, as in every user's server: the
-    # sandbox shows a kernel the folders the grader imported them from, nothing else
-    env.pop("PYTHONPATH", None)
-    env["PYTHONSAFEPATH"] = "1"          # and never a module from the course folder
-    proc = subprocess.run([str(VENV_BIN / "python"), "-P", "-m", "autograde", "grade", lab,
-                           "--root", conf["course"], "--no-progress", *extra],
-                          cwd=conf["course"], env=env)
-    chown_tree(course, conf["instructor"], keep=[course / CONFIG_NAME], log=log)
-    return proc.returncode
+    freeze(course)
+    try:
+        links = links_in(course)
+        if links:
+            log.write("hub.py grade: not grading: the course folder holds links, which the "
+                      "grading step (root) would read or write through:\n" +
+                      "".join(f"  {link} -> {os.readlink(link)}\n" for link in links) +
+                      "remove them (they are not the course's) and grade again\n")
+            return 2
+        refused = course / "refused" / lab / "report.txt"
+        if refused.is_file():
+            log.write(f"hub.py grade: Collect refused submissions of {lab}; see {refused}\n")
+        env = dict(os.environ)
+        env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+        # the course's packages from the environment's install, as in every user's server:
+        # the sandbox shows a kernel the folders the grader imported them from, nothing else
+        env.pop("PYTHONPATH", None)
+        env["PYTHONSAFEPATH"] = "1"          # and never a module from the course folder
+        proc = subprocess.run([str(VENV_BIN / "python"), "-P", "-m", "autograde", "grade",
+                               lab, "--root", conf["course"], "--no-progress", *extra],
+                              cwd=conf["course"], env=env)
+        return proc.returncode
+    finally:
+        thaw(course, conf["instructor"], log=log)
 
 
 def remove_users(state: Path):
