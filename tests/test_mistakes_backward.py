@@ -43,6 +43,12 @@ PREDICTION = '''    rows, cols = corners_of(locations, height, width)
     return int(lost)'''
 NO_ON_MAP = ("on_map = mask & (r >= 0) & (r < H) & (c >= 0) & (c < W)", "on_map = mask")
 ALL_LANES = "mask_q[:, None] & mask_d[None, :]"
+NO_SCATTER = ("                tl.atomic_add(grad_value_ptr + offs, contrib, mask=msk)\n", "")
+NO_LOC_STORE = ("""            tl.store(grad_loc_ptr + 2 * p, (a * W * grad_x_im).to(grad_loc_ptr.dtype.element_ty),
+                     mask=mask_q)
+            tl.store(grad_loc_ptr + 2 * p + 1, (a * H * grad_y_im).to(grad_loc_ptr.dtype.element_ty),
+                     mask=mask_q)
+""", "")
 
 # (lab, mistake, solution cell, [(old, new)], visible check cell, words the message must hold)
 MISTAKES = [
@@ -99,6 +105,16 @@ MISTAKES = [
     (LAB07, "grad_value sign", VALUE,
      [("contributions = scale[..., None] * g", "contributions = -scale[..., None] * g")],
      "lab07_check_grad_value", ["sign error"]),
+    (LAB07, "grad_loc: the y column scaled by W", LOC, [(' * c["height"]', ' * c["width"]')],
+     "lab07_check_grad_loc", ["y column is scaled by W where H belongs"]),
+    (LAB07, "grad_loc: the x derivative without (1 - dy)", LOC,
+     [("d_x_im = (1 - dy) * (gv01 - gv00)", "d_x_im = (gv01 - gv00)")],
+     "lab07_check_grad_loc", ["x derivative lacks its (1 - d_y) factor"]),
+    (LAB07, "grad_value: every contribution halved (no catalogue entry)", VALUE,
+     [('scale = attention_weights[..., None] * c["weights"]',
+       'scale = attention_weights[..., None] * c["weights"] * 0.5')],
+     "lab07_check_grad_value", ["Located by isolation", "first wrong with one level, one point",
+                                "exactly 0.5 times the right one"]),
     # lab 08: the racy histogram, the prediction, the atomic histogram
     (LAB08, "racy stage written with atomics", RACY,
      [("        count = tl.load(hits_ptr + r * W + c, mask=on_map, other=0)\n"
@@ -199,6 +215,32 @@ MISTAKES = [
     (LAB08, "kernel: grad_value without the attention weight", BACKWARD,
      [("contrib = ((a * wy * wx)[:, None] * g)", "contrib = ((wy * wx)[:, None] * g)")],
      "lab08_check_backward_value", ["attention weight is missing"]),
+    (LAB08, "kernel: the y gradient scaled by W", BACKWARD,
+     [("(a * H * grad_y_im)", "(a * W * grad_y_im)")],
+     "lab08_check_backward_loc", ["y column is scaled by W where H belongs"]),
+    # the lab's increments: grad_attn written, the rest not yet
+    (LAB08, "kernel: grad_value not written yet", BACKWARD, [NO_SCATTER],
+     "lab08_check_backward_value", ["grad_value is never written"]),
+    (LAB08, "kernel: grad_value not written yet (half check)", BACKWARD, [NO_SCATTER],
+     "lab08_check_backward_half", ["grad_value is never written"]),
+    (LAB08, "kernel: grad_loc not written yet", BACKWARD, [NO_LOC_STORE],
+     "lab08_check_backward_loc", ["grad_sampling_locations is never written"]),
+    (LAB08, "kernel: channels past the first never written", BACKWARD,
+     [("mask_d = offs_d < D", "mask_d = offs_d < 1")],
+     "lab08_check_backward_value", ["never written", "channels 1, 2, 3"]),
+    # mistakes no catalogue holds, located by the isolation probes
+    (LAB08, "kernel: the level start ignores the level", BACKWARD,
+     [("start = tl.load(starts_ptr + l)", "start = tl.load(starts_ptr)")],
+     "lab08_check_backward_attn", ["Located by isolation", "first wrong with a second level",
+                                   "level 1: its start row"]),
+    (LAB08, "kernel: the attention index ignores the point", BACKWARD,
+     [("a = tl.load(attn_ptr + p, mask=mask_q", "a = tl.load(attn_ptr + p - k, mask=mask_q")],
+     "lab08_check_backward_value", ["first wrong with a second point",
+                                    "the weight's index ignores the point k"]),
+    (LAB08, "kernel: corner 00's x weight is d_x", BACKWARD,
+     [("wx = dx if corner % 2 == 1 else 1 - dx", "wx = dx if corner % 2 == 1 else dx")],
+     "lab08_check_backward_value", ["first wrong with one level, one point",
+                                    "Your result is 0 for every element here"]),
     (LAB08, "kernel: computes in the input dtype", BACKWARD,
      [(f"mask={ALL_LANES}, other=0.0).to(ACC_DTYPE)", f"mask={ALL_LANES}, other=0.0)"),
       ("v = tl.load(value_ptr + offs, mask=msk, other=0.0).to(ACC_DTYPE)",
@@ -262,6 +304,17 @@ def _helper(grad_output, value, spatial_shapes, level_start_index, sampling_loca
     return torch.autograd.grad(out, leaf, grad_output)[0]''',
      "check_grad_value", "lab07_check_grad_value"),
 ]
+# words a check printed for these mistakes before its diagnosis confirmed its hypotheses: the
+# message must not hold them now
+WRONG_HINTS = {
+    "grad_loc: the y column scaled by W": ["none of the usual mistakes"],
+    "grad_loc: the x derivative without (1 - dy)": ["none of the usual mistakes"],
+    "kernel: the y gradient scaled by W": ["none of the usual mistakes"],
+    "kernel: grad_value not written yet": ["updates are lost", "none of the usual mistakes"],
+    "kernel: grad_value not written yet (half check)": ["updates are lost",
+                                                         "none of the usual mistakes"],
+    "kernel: the attention index ignores the point": ["updates are lost"],
+}
 HAND_WRITTEN = "the gradients are written by hand"
 FUNCTIONS = {ATTN: "grad_attention_weights", LOC: "grad_sampling_locations", VALUE: "grad_value"}
 
@@ -329,6 +382,8 @@ def test_visible_check_names_the_mistake(lab, mistake, cell, edits, check_cell, 
     assert "Hint:" in message or "uses autograd" in message, message
     for word in words:
         assert word in message, f"{mistake}: {word!r} not in the message:\n{message}"
+    for word in WRONG_HINTS.get(mistake, ()):
+        assert word not in message, f"{mistake}: {word!r} in the message:\n{message}"
 
 
 @pytest.mark.parametrize("lab", [LAB07, LAB08])

@@ -38,18 +38,45 @@ def _launch(kernel, name, grid, args, kwargs, what, hint):
     if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
         raise AssertionError(f"{name} must be a @triton.jit kernel, got "
                              f"{type(kernel).__name__}")
+    ran_on, report = _launch_with_report(kernel, name, grid, args, kwargs, what, hint)
+    return ran_on
+
+
+def _launch_with_report(kernel, name, grid, args, kwargs, what, hint):
+    """:func:`_launch`, returning (the tensors it ran on, the guard's report or None)."""
+    if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
+        raise AssertionError(f"{name} must be a @triton.jit kernel, got "
+                             f"{type(kernel).__name__}")
     report = None
     with forbid_references(kernel):
-        if recording.replaying():
-            kernel[grid](*args, **kwargs)
-        else:
-            report = guard.launch(kernel, grid, *args, **kwargs)
+        try:
+            if recording.replaying():
+                kernel[grid](*args, **kwargs)
+            else:
+                report = guard.launch(kernel, grid, *args, **kwargs)
+        except AssertionError:
+            raise
+        except Exception as exc:                  # noqa: BLE001  (explained, as a failure)
+            raise AssertionError(raised_in_kernel(name, what, exc)) from None
     if report is None:
-        return args
+        return args, None
     if report.violations:
         tensor = report.violations[0].tensor
         report.check(what, hint.get(tensor, hint.get(None)) if isinstance(hint, dict) else hint)
-    return report.args
+    return report.args, report
+
+
+def raised_in_kernel(name, what, exc):
+    """What a check says when launching the student's kernel raised ``exc``."""
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 12:
+        text = "\n".join(lines[:3] + ["..."] + lines[-8:])
+    return (f"{what}: launching {name} raised {type(exc).__name__}: {text}\nHint: the "
+            f"kernel did not run to its end. Triton names the line of {name} it stopped at "
+            "above; in the interpreter a shape that does not broadcast, a tl.arange whose size "
+            "is not a power of two, or an int mixed with a pointer of the wrong kind are the "
+            "usual causes")
 
 
 # ------------------------------------------------------------------ the corner-hit histogram
@@ -288,19 +315,25 @@ def _backward_case(gen, dtype=torch.float32, distribution="uniform", heads=2):
     return args, grad_output
 
 
-def _run_backward(kernel, args, grad_output, block_q, what):
+SENTINEL = -7.0        # what the check's second launch fills the outputs with: exact in every
+                       # dtype, and no gradient of the checks' inputs is exactly that
+
+
+def _run_backward(kernel, args, grad_output, block_q, what, fill=0.0, report_to=None):
     """The kernel on the inputs, launched as the lab's launcher does; returns (grad_value,
-    grad_loc, grad_attn) on the CPU, grad_value in the dtype of value."""
+    grad_loc, grad_attn) on the CPU, grad_value in the dtype of value.  ``fill``: what the
+    outputs hold before the launch (the launcher's zeros; a sentinel to find what the kernel
+    never writes).  ``report_to``: a list that receives the guard's report."""
     import triton.language as tl
 
     value = args["value"].contiguous()
     batch, total, heads, channels = value.shape
     _, queries, _, levels, points, _ = args["sampling_locations"].shape
     wide = value.dtype == torch.float64
-    grad_value = torch.zeros(value.shape, dtype=torch.float64 if wide else torch.float32,
-                             device=value.device)
-    grad_loc = torch.zeros_like(args["sampling_locations"])
-    grad_attn = torch.zeros_like(args["attention_weights"])
+    grad_value = torch.full(value.shape, fill, dtype=torch.float64 if wide else torch.float32,
+                            device=value.device)
+    grad_loc = torch.full_like(args["sampling_locations"], fill)
+    grad_attn = torch.full_like(args["attention_weights"], fill)
     tensors = (grad_output.contiguous(), value, args["value_spatial_shapes"].contiguous(),
                args["value_level_start_index"].contiguous(),
                args["sampling_locations"].contiguous(), args["attention_weights"].contiguous(),
@@ -308,8 +341,11 @@ def _run_backward(kernel, args, grad_output, block_q, what):
     launch = dict(L=levels, K=points, BLOCK_Q=block_q,
                   BLOCK_D=max(1, 1 << (channels - 1).bit_length()),
                   ACC_DTYPE=tl.float64 if wide else tl.float32)
-    ran_on = _launch(kernel, "msda_backward_kernel", (-(-queries // block_q), batch * heads),
-                     tensors + (total, queries, heads, channels), launch, what, _BACKWARD_GUARD)
+    ran_on, report = _launch_with_report(
+        kernel, "msda_backward_kernel", (-(-queries // block_q), batch * heads),
+        tensors + (total, queries, heads, channels), launch, what, _BACKWARD_GUARD)
+    if report_to is not None:
+        report_to.append(report)
     return (ran_on[6].detach().to(value.dtype).cpu(), ran_on[7].detach().cpu(),
             ran_on[8].detach().cpu())
 
@@ -325,19 +361,74 @@ _FALLBACK = {
 }
 
 
-def _judge_gradient(name, got, args, grad_output, what, dtype=torch.float32):
+def _nan_source(reports):
+    """What the guarded launches saw that explains a NaN in an output (see
+    ``diagnose_grad.garbage``): compiled, the padding around each tensor holds NaN, so a NaN
+    is a read outside; interpreted, reads outside are reported before anything is judged, and
+    a masked load without ``other=`` reads NaN on its masked-off lanes."""
+    if not guard.interpreting():
+        return "read outside"
+    events = [e for r in reports if r is not None for e in r.loads_without_other.values()]
+    if events:
+        lines = "; ".join(str(e.line) for e in events[:3])
+        return ("a masked tl.load without other= gives its masked-off lanes no value (the "
+                f"check gives them NaN, a GPU whatever lies there): {lines}. Give it "
+                "other=0.0")
+    return None
+
+
+def _diagnosis(name, got, expected, args, grad_output, dtype, run):
+    """The one diagnosis of the backward kernel's ``name``, for the visible and the hidden
+    checks: what the kernel never wrote, a mistake of the catalogue that reproduces ``got``,
+    else the first isolation probe that goes wrong.  ``run``: the check's other launches,
+    {"filled": the same inputs with the outputs filled with SENTINEL, "probes": ...,
+    "reports": the guard's reports, "block_q": queries per program}."""
+    index = diagnose_grad.GRADIENT_INDEX[name]
+    block_q = run["block_q"] if guard.interpreting() else None
+    named = diagnose_grad.explain(
+        name, got, expected, args, grad_output, dtype, off_map="flat", block_q=block_q,
+        unwritten=(run["filled"][index], SENTINEL) if run.get("filled") else None,
+        nan_source=_nan_source(run["reports"]))
+    if named:
+        return named
+    if not run["probes"]:
+        return (_FALLBACK[name] + ": the checks above run one gradient at a time with "
+                "isolation probes that locate the wrong term; run them first, then compare "
+                "your kernel with lab 07's chip (the cell above the checks) on the element "
+                "named above")
+    where = diagnose_grad.locate(name, run["probes"], torch.float32, off_map="flat",
+                                 block_q=run["block_q"], nan_source=_nan_source(run["reports"]))
+    return (_FALLBACK[name] + ". " + (where or "Every isolation probe (one term at a time) is "
+            "right: the mistake shows only when several terms meet. Compare your kernel with "
+            "lab 07's chip (the cell above the checks) on the element named above"))
+
+
+def _judge_gradient(name, got, args, grad_output, what, dtype=torch.float32, run=None):
     expected = expect(op.gradients_fp64, args, grad_output)
     if expected is None:
         return
     expected = expected[diagnose_grad.GRADIENT_INDEX[name]]
+    run = run or {"probes": [], "reports": [], "block_q": None}
 
     def hint():
-        named = diagnose_grad.explain(name, got, expected, args, grad_output, dtype,
-                                      off_map="flat")
-        return named or (_FALLBACK[name] + ": compare your kernel with lab 07's chip (the "
-                         "cell above the checks) on the element named above")
+        return _diagnosis(name, got, expected, args, grad_output, dtype, run)
     op.assert_scaled(got, expected, dtype, what, diagnose_grad.GRADIENT_AXES[name],
                      table=op.GRAD_TOLERANCE, hint=hint)
+
+
+def _probe_runs(kernel, name, gen, block_q, seed, reports):
+    """The kernel on every isolation probe (float32 inputs on the grading device): the
+    probes' (label, term, inputs, grad_output, the gradient ``name`` it returned)."""
+    index = diagnose_grad.GRADIENT_INDEX[name]
+    runs = []
+    for label, term, args, grad_output in diagnose_grad.probes(gen):
+        on = {k: v.to(op.device(), torch.float32) if v.is_floating_point() else
+              v.to(op.device()) for k, v in args.items()}
+        what = f"{name} of msda_backward_kernel with {label}, BLOCK_Q = {block_q} (seed {seed})"
+        got = _run_backward(kernel, on, grad_output.to(op.device(), torch.float32), block_q,
+                            what, report_to=reports)
+        runs.append((label, term, on, grad_output.float(), got[index]))
+    return runs
 
 
 def _check_gradient(kernel, name, seed, distribution):
@@ -348,12 +439,24 @@ def _check_gradient(kernel, name, seed, distribution):
     description = ("queries sharing corners" if distribution == "local"
                    else "locations up to 20% outside the maps")
     what = f"{name} of msda_backward_kernel, {description}, BLOCK_Q = {block_q} (seed {seed})"
-    got = _run_backward(kernel, args, grad_output, block_q, what)
+    reports = []
+    got = _run_backward(kernel, args, grad_output, block_q, what, report_to=reports)
+    # the same launch with the outputs filled with a sentinel (what stays so was never
+    # written), then the isolation probes: the same launches whether the check judges or not
+    filled = _run_backward(kernel, args, grad_output, block_q, what, fill=SENTINEL,
+                           report_to=reports)
+    run = {"filled": filled, "reports": reports, "block_q": block_q,
+           "probes": _probe_runs(kernel, name, gen, block_q, seed, reports)}
     got = got[diagnose_grad.GRADIENT_INDEX[name]]
-    _judge_gradient(name, got, args, grad_output, what)
+    _judge_gradient(name, got, args, grad_output, what, run=run)
     if judging():
+        message = diagnose_grad.locate(name, run["probes"], torch.float32, off_map="flat",
+                                       block_q=block_q, nan_source=_nan_source(reports))
+        if message:
+            raise AssertionError(f"{what}: right on this case, wrong on a simpler one. "
+                                 f"{message}")
         print(f"{name} of msda_backward_kernel matches autograd through the float64 reference "
-              f"({description}, seed {seed})")
+              f"({description}, and {len(run['probes'])} isolation probes; seed {seed})")
 
 
 def check_backward_grad_attn(msda_backward_kernel, seed=None):
@@ -376,17 +479,22 @@ def check_backward_half(msda_backward_kernel, seed=None):
     seed = gen.initial_seed()
     args, grad_output = _backward_case(gen, dtype=torch.float16, distribution="local", heads=1)
     block_q = 8
-    runs = []
+    runs, reports = [], []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in args.items()}
         what = (f"msda_backward_kernel with {str(dtype).replace('torch.', '')} inputs, "
                 f"BLOCK_Q = {block_q} (seed {seed})")
         runs.append((dtype, cast, grad_output.to(dtype), what,
                      _run_backward(msda_backward_kernel, cast, grad_output.to(dtype), block_q,
-                                   what)))
+                                   what, report_to=reports)))
+    # float32 once more, the outputs filled with the sentinel: what stays so was never written
+    filled = _run_backward(msda_backward_kernel, runs[0][1], runs[0][2], block_q, runs[0][3],
+                           fill=SENTINEL, report_to=reports)
     if not judging():
         return
     for dtype, cast, grad, what, got in runs:
+        run = {"filled": filled if dtype == torch.float32 else None, "probes": [],
+               "reports": reports, "block_q": block_q}
         for name in ("grad_value", "grad_sampling_locations", "grad_attention_weights"):
             index = diagnose_grad.GRADIENT_INDEX[name]
             if got[index].dtype != dtype:
@@ -394,7 +502,7 @@ def check_backward_half(msda_backward_kernel, seed=None):
                                      f"{got[index].dtype}")
             try:
                 _judge_gradient(name, got[index], cast, grad, f"{name}, {what}",
-                                dtype=dtype)
+                                dtype=dtype, run=run)
             except AssertionError as failure:
                 if dtype == torch.float32:
                     raise
