@@ -115,6 +115,8 @@ MISTAKES = [
        'scale = attention_weights[..., None] * c["weights"] * 0.5')],
      "lab07_check_grad_value", ["Located by isolation", "first wrong with one level, one point",
                                 "exactly 0.5 times the right one"]),
+    (LAB07, "grad_value raises", VALUE, [("out.scatter_add_(", "out.scatter_add_(1, ")],
+     "lab07_check_grad_value", ["grad_value raised TypeError", "at `out.scatter_add_(1, 2"]),
     # lab 08: the racy histogram, the prediction, the atomic histogram
     (LAB08, "racy stage written with atomics", RACY,
      [("        count = tl.load(hits_ptr + r * W + c, mask=on_map, other=0)\n"
@@ -241,6 +243,10 @@ MISTAKES = [
      [("wx = dx if corner % 2 == 1 else 1 - dx", "wx = dx if corner % 2 == 1 else dx")],
      "lab08_check_backward_value", ["first wrong with one level, one point",
                                     "Your result is 0 for every element here"]),
+    (LAB08, "kernel: a shape that does not broadcast", BACKWARD,
+     [("gv = tl.sum(g * v, axis=1)", "gv = tl.sum(g * v, axis=0)")],
+     "lab08_check_backward_attn", ["launching msda_backward_kernel raised",
+                                   "at `grad_a += wy * wx * gv`"]),
     (LAB08, "kernel: computes in the input dtype", BACKWARD,
      [(f"mask={ALL_LANES}, other=0.0).to(ACC_DTYPE)", f"mask={ALL_LANES}, other=0.0)"),
       ("v = tl.load(value_ptr + offs, mask=msk, other=0.0).to(ACC_DTYPE)",
@@ -433,3 +439,41 @@ def test_lab07_release_gives_no_derivation_away():
     solutions = "".join(c.source for c in nbformat.read(source_notebook(LAB07), as_version=4).cells
                         if BEGIN_SOLUTION in c.source)
     assert all(answer in solutions for answer in ANSWERS[:4])     # the answers themselves do
+
+
+# ------------------------------------------------------------------ the demonstration cells
+# (mistake, solution cell, edits, demonstration cell, words the failure must hold): a mistake
+# that crashed the notebook's kernel (heap corruption) or escaped as a raw exception in a cell
+# that runs the student's kernel outside a check
+DEMOS = [
+    ("atomic add without its corner mask", BACKWARD,
+     [("tl.atomic_add(grad_value_ptr + offs, contrib, mask=msk)",
+       f"tl.atomic_add(grad_value_ptr + offs, contrib, mask={ALL_LANES})")],
+     "lab08_compare_lab07", ["grad_value_ptr", "every access checked",
+                             "corners off the map receive gradient"]),
+    ("a shape that does not broadcast", BACKWARD,
+     [("gv = tl.sum(g * v, axis=1)", "gv = tl.sum(g * v, axis=0)")],
+     "lab08_compare_lab07", ["your kernel beside lab 07's chips: your code raised"]),
+    ("racy kernel: corners off the map counted", RACY, [NO_ON_MAP],
+     "lab08_race_example", ["hits_ptr", "corners off the map are counted"]),
+]
+
+
+@pytest.mark.parametrize("mistake, cell, edits, demo, words", DEMOS,
+                         ids=[row[0] for row in DEMOS])
+def test_demonstration_cell_reports_instead_of_crashing(mistake, cell, edits, demo, words):
+    """The cell runs in this process: without the guard the first row corrupts the heap."""
+    namespace = _with_solution(LAB08, cell, _inject(_cells(LAB08)[cell].source, edits))
+    if demo == "lab08_compare_lab07":                 # the launcher and backward_case it uses
+        _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
+    message = _failure(namespace, LAB08, demo)
+    assert message is not None, f"{mistake}: the cell ran without a word"
+    for word in words:
+        assert word in message, f"{mistake}: {word!r} not in the message:\n{message}"
+
+
+def test_demonstration_cells_run_the_solution_quietly():
+    namespace = _with_solution(LAB08, BACKWARD, _cells(LAB08)[BACKWARD].source)
+    _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
+    for demo in ("lab08_race_example", "lab08_compare_lab07"):
+        assert _failure(namespace, LAB08, demo) is None, demo

@@ -186,9 +186,9 @@ def raised_in(student, name, what, exc):
         frame = frames[-1]
         line = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
         where = f" in {frame.name}, at `{line}`" if line else f" in {frame.name}"
-    return (f"{what}: {name} raised {type(exc).__name__}: {exc}{where}. The check called it "
-            "with the arguments its docstring gives (shapes and dtypes as there); print the "
-            "shapes of the tensors on that line to see which one does not fit")
+    return (f"{what}: {name} raised {type(exc).__name__}: {exc}{where}\nHint: the check called "
+            "it with the arguments its docstring gives, in its shapes and dtypes: that line is "
+            "where your code stopped (print what it computes with, on these shapes)")
 
 
 def _call(student, name, grad_output, args, what=None):

@@ -17,8 +17,9 @@ from autograde import recording
 from . import _operator as op
 from . import diagnose_grad, guard
 from .common import check_close, expect, forbid_references, fresh_generator, judging
+from .demo import guarded as _guarded
 
-__all__ = ["check_corner_hits_racy", "check_lost_updates", "check_corner_hits",
+__all__ = ["guarded", "HITS_HINTS", "BACKWARD_HINTS", "check_corner_hits_racy", "check_lost_updates", "check_corner_hits",
            "check_backward_grad_attn", "check_backward_grad_loc", "check_backward_grad_value",
            "check_backward_half"]
 
@@ -26,6 +27,11 @@ __all__ = ["check_corner_hits_racy", "check_lost_updates", "check_corner_hits",
 def _chip():
     from source_kernels.chips import lab08
     return lab08
+
+
+def guarded(what, hints=None):
+    """The guard of the lab's demonstration cells (``autograde.checks.demo.guarded``)."""
+    return _guarded(what, hints)
 
 
 def _is_kernel(obj) -> bool:
@@ -72,11 +78,12 @@ def raised_in_kernel(name, what, exc):
     lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) > 12:
         text = "\n".join(lines[:3] + ["..."] + lines[-8:])
-    return (f"{what}: launching {name} raised {type(exc).__name__}: {text}\nHint: the "
-            f"kernel did not run to its end. Triton names the line of {name} it stopped at "
-            "above; in the interpreter a shape that does not broadcast, a tl.arange whose size "
-            "is not a power of two, or an int mixed with a pointer of the wrong kind are the "
-            "usual causes")
+    from .demo import where
+
+    return (f"{what}: launching {name} raised {type(exc).__name__}{where(exc)}: {text}\nHint: "
+            "the kernel did not run to its end. In the interpreter a shape that does not "
+            "broadcast, a tl.arange whose size is not a power of two, or an int mixed with a "
+            "pointer of the wrong kind are the usual causes")
 
 
 # ------------------------------------------------------------------ the corner-hit histogram
@@ -222,6 +229,9 @@ def check_corner_hits(corner_hits_kernel, seed=None):
     _check_hits(corner_hits_kernel, "corner_hits_kernel", seed, racy=False)
 
 
+HITS_HINTS = _HITS_GUARD
+
+
 # ------------------------------------------------------------------ the prediction
 def _prediction_cases(gen):
     """(description, H, W, locations, samples per program): cases where every wrong rule below
@@ -304,6 +314,9 @@ _BACKWARD_GUARD = {
     None: "mask every access: the query mask for grad_out, the locations, the weights and the "
           "stores of grad_loc and grad_attn; each corner's on-map test (with the channel mask) "
           "for value and grad_value"}
+
+
+BACKWARD_HINTS = _BACKWARD_GUARD
 
 
 def _backward_case(gen, dtype=torch.float32, distribution="uniform", heads=2):
