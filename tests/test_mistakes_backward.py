@@ -43,6 +43,9 @@ PREDICTION = '''    rows, cols = corners_of(locations, height, width)
     return int(lost)'''
 NO_ON_MAP = ("on_map = mask & (r >= 0) & (r < H) & (c >= 0) & (c < W)", "on_map = mask")
 ALL_LANES = "mask_q[:, None] & mask_d[None, :]"
+ROW_INT32 = ("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m",
+             "row_bqm = (b * Q + offs_q) * M + m")
+BASE_INT32 = ("base_bm = (b.to(tl.int64) * S * M + m) * D", "base_bm = (b * S * M + m) * D")
 NO_SCATTER = ("                tl.atomic_add(grad_value_ptr + offs, contrib, mask=msk)\n", "")
 NO_LOC_STORE = ("""            tl.store(grad_loc_ptr + 2 * p, (a * W * grad_x_im).to(grad_loc_ptr.dtype.element_ty),
                      mask=mask_q)
@@ -247,6 +250,15 @@ MISTAKES = [
      [("gv = tl.sum(g * v, axis=1)", "gv = tl.sum(g * v, axis=0)")],
      "lab08_check_backward_attn", ["launching msda_backward_kernel raised",
                                    "at `grad_a += wy * wx * gv`"]),
+    # the int32 offset class (lab 05's row index (b*Q + q)*M + m in int32)
+    (LAB08, "kernel: the row index in int32 (grad_attn)", BACKWARD, [ROW_INT32],
+     "lab08_check_backward_attn", ["wraps around past 2**31", "(b * Q + q) * M + m",
+                                   "b.to(tl.int64) * Q"]),
+    (LAB08, "kernel: the row index in int32 (grad_loc)", BACKWARD, [ROW_INT32],
+     "lab08_check_backward_loc", ["wraps around past 2**31", "(b * Q + q) * M + m"]),
+    (LAB08, "kernel: the value offset in int32", BACKWARD, [BASE_INT32],
+     "lab08_check_backward_value", ["wraps around past 2**31", "(b * S * M + m) * D",
+                                    "b.to(tl.int64) * S"]),
     (LAB08, "kernel: computes in the input dtype", BACKWARD,
      [(f"mask={ALL_LANES}, other=0.0).to(ACC_DTYPE)", f"mask={ALL_LANES}, other=0.0)"),
       ("v = tl.load(value_ptr + offs, mask=msk, other=0.0).to(ACC_DTYPE)",
@@ -477,3 +489,26 @@ def test_demonstration_cells_run_the_solution_quietly():
     _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
     for demo in ("lab08_race_example", "lab08_compare_lab07"):
         assert _failure(namespace, LAB08, demo) is None, demo
+
+
+@pytest.mark.parametrize("edit, check", [(ROW_INT32, "check_backward_grad_attn"),
+                                         (BASE_INT32, "check_backward_grad_value")],
+                         ids=["row index", "value offset"])
+def test_hidden_check_catches_int32_offsets(edit, check):
+    """The hidden check as the grading kernel runs it (recording, the grader's seed) and the
+    grader replays it: the int32 offset fails there too."""
+    from autograde import recording
+    from autograde.checks import lab08
+
+    namespace = _with_solution(LAB08, BACKWARD, _inject(_cells(LAB08)[BACKWARD].source, [edit]))
+    secret = "int32"
+    recording._mode, recording._base_seed, recording._counter = "record", secret, 0
+    recording._events = []
+    try:
+        getattr(lab08, check)(namespace["msda_backward_kernel"])
+    finally:
+        events, recording._events, recording._mode = recording._events, [], None
+    context = recording.ReplayContext(events, secret)
+    proxy = recording.Proxy(context, "msda_backward_kernel")
+    with pytest.raises(AssertionError, match="wraps around past 2"):
+        recording.replay_check(getattr(lab08, check), [proxy], {}, context)

@@ -444,6 +444,89 @@ def _probe_runs(kernel, name, gen, block_q, seed, reports):
     return runs
 
 
+# Sizes at which a 32-bit offset wraps around to batch 0's: with M = D = 4, the row index
+# (b * Q + q) * M + m of batch 1 is 2**32 + q * M + m when Q = 2**30, and the value offset
+# (b * S * M + m) * D of batch 1 is 2**32 + m * D when S = 2**28.
+_WRAPS = (("queries", 2 ** 30, "Q = 2**30 queries (a size the kernel is told; the tensors hold "
+           "8)", "the row index of grad_out, the locations, the weights and their gradients, "
+           "(b * Q + q) * M + m", "b.to(tl.int64) * Q"),
+          ("rows", 2 ** 28, "S = 2**28 rows of value per batch element (a size the kernel is "
+           "told; value holds one batch element of 13 rows)",
+           "the offset of value and grad_value, (b * S * M + m) * D", "b.to(tl.int64) * S"))
+
+
+def _int64_runs(kernel, gen, block_q, seed):
+    """The kernel told sizes at which an int32 offset wraps around (interpreter only: outside
+    accesses are switched off there, not made): for each of ``_WRAPS``, (label, (term, fix),
+    inputs of batch 0, grad_output of batch 0, (grad_value, grad_loc, grad_attn) of batch 0).  Batch
+    1's programs read and write outside the tensors when their offsets are right, and into
+    batch 0's elements when they wrap."""
+    if op.device() != "cpu":
+        return []
+    import triton.language as tl
+
+    args = op.inputs(gen, 2, 8, 4, 4, [[3, 4], [1, 1]], 2, outside=0.1, on="cpu")
+    grad_output = torch.randn(2, 8, 16, generator=gen)
+    first = {k: (v[:1] if k in ("value", "sampling_locations", "attention_weights") else v)
+             for k, v in args.items()}
+    runs = []
+    for key, size, label, term, fix in _WRAPS:
+        total = size if key == "rows" else first["value"].shape[1]
+        queries = size if key == "queries" else 8
+        grad_value = torch.zeros_like(first["value"])
+        grad_loc = torch.zeros_like(args["sampling_locations"])
+        grad_attn = torch.zeros_like(args["attention_weights"])
+        tensors = (grad_output.contiguous(), first["value"].contiguous(),
+                   args["value_spatial_shapes"].contiguous(),
+                   args["value_level_start_index"].contiguous(),
+                   args["sampling_locations"].contiguous(),
+                   args["attention_weights"].contiguous(), grad_value, grad_loc, grad_attn)
+        launch = dict(L=2, K=2, BLOCK_Q=block_q, BLOCK_D=4, ACC_DTYPE=tl.float32)
+        what = f"msda_backward_kernel told {label} (seed {seed})"
+        ran_on = _launch_unchecked(kernel, "msda_backward_kernel", (-(-8 // block_q), 2 * 4),
+                                   tensors + (total, queries, 4, 4), launch, what)
+        runs.append((label, (term, fix), first, grad_output[:1],
+                     (ran_on[6].detach().cpu(), ran_on[7][:1].detach().cpu(),
+                      ran_on[8][:1].detach().cpu())))
+    return runs
+
+
+def _launch_unchecked(kernel, name, grid, args, kwargs, what):
+    """:func:`_launch_with_report` for a launch whose accesses outside the tensors are
+    expected (and switched off): they are not reported."""
+    if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
+        raise AssertionError(f"{name} must be a @triton.jit kernel, got "
+                             f"{type(kernel).__name__}")
+    with forbid_references(kernel):
+        try:
+            if recording.replaying():
+                kernel[grid](*args, **kwargs)
+                return args
+            return guard.launch(kernel, grid, *args, **kwargs).args
+        except AssertionError:
+            raise
+        except Exception as exc:                  # noqa: BLE001  (explained, as a failure)
+            raise AssertionError(raised_in_kernel(name, what, exc)) from None
+
+
+def _judge_int64(name, runs, seed):
+    """Batch 0's ``name`` is right in every run of :func:`_int64_runs`, or the wrap is named."""
+    index = diagnose_grad.GRADIENT_INDEX[name]
+    for label, (term, fix), args, grad_output, got in runs:
+        expected = op.gradients_fp64(args, grad_output)[index]
+        message = op.mismatch(got[index], expected, torch.float32,
+                              f"{name} of batch 0, msda_backward_kernel told {label} "
+                              f"(seed {seed})", diagnose_grad.GRADIENT_AXES[name],
+                              table=op.GRAD_TOLERANCE)
+        if message:
+            raise AssertionError(
+                message + "\nHint: batch 1's programs changed batch 0's elements: an offset "
+                f"computed in int32 wraps around past 2**31 at these sizes ({term}, which is "
+                "2**32 + that of batch 0 for b = 1). b, q and m come from tl.program_id and "
+                "tl.arange as int32, and so do sizes below 2**31: cast before the first "
+                f"multiplication, {fix}, and every product after it is 64-bit")
+
+
 def _check_gradient(kernel, name, seed, distribution):
     gen = fresh_generator(seed)
     seed = gen.initial_seed()
@@ -460,9 +543,11 @@ def _check_gradient(kernel, name, seed, distribution):
                            report_to=reports)
     run = {"filled": filled, "reports": reports, "block_q": block_q,
            "probes": _probe_runs(kernel, name, gen, block_q, seed, reports)}
+    wraps = _int64_runs(kernel, gen, block_q, seed)
     got = got[diagnose_grad.GRADIENT_INDEX[name]]
     _judge_gradient(name, got, args, grad_output, what, run=run)
     if judging():
+        _judge_int64(name, wraps, seed)
         message = diagnose_grad.locate(name, run["probes"], torch.float32, off_map="flat",
                                        block_q=block_q, nan_source=_nan_source(reports))
         if message:
