@@ -512,3 +512,23 @@ def test_hidden_check_catches_int32_offsets(edit, check):
     proxy = recording.Proxy(context, "msda_backward_kernel")
     with pytest.raises(AssertionError, match="wraps around past 2"):
         recording.replay_check(getattr(lab08, check), [proxy], {}, context)
+
+
+@pytest.mark.parametrize("lab, cell, check_cell, words", [
+    (LAB07, VALUE, "lab07_check_grad_value", "grad_value is not written yet"),
+    (LAB08, BACKWARD, "lab08_check_backward_attn", "msda_backward_kernel is not written yet"),
+    (LAB08, BACKWARD, "lab08_compare_lab07", "is not written yet"),
+], ids=["lab 07 function", "lab 08 kernel", "lab 08 comparison cell"])
+def test_unwritten_stage_is_named_as_such(lab, cell, check_cell, words):
+    """A cell as released (its body a NotImplementedError) fails its check with that said,
+    not with a hint about shapes."""
+    source = _cells(lab)[cell].source
+    start, end = source.index("### BEGIN SOLUTION"), source.index("### END SOLUTION")
+    end += len("### END SOLUTION")
+    namespace = _with_solution(lab, cell, source[:start] + "raise NotImplementedError()"
+                               + source[end:])
+    if check_cell == "lab08_compare_lab07":
+        _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
+    message = _failure(namespace, lab, check_cell)
+    assert message is not None and words in message, message
+    assert "shape" not in message, message

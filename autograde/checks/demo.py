@@ -25,7 +25,7 @@ import traceback
 
 from . import guard
 
-__all__ = ["guarded", "where"]
+__all__ = ["guarded", "where", "unwritten"]
 
 
 def _library(filename):
@@ -50,6 +50,18 @@ def where(exc):
     return f" (in {frame.name}, at `{line}`)" if line else f" (in {frame.name})"
 
 
+def unwritten(exc):
+    """True when ``exc`` (or an exception that caused it: Triton's interpreter wraps the
+    kernel's) is the NotImplementedError of a cell not written yet."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, NotImplementedError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 @contextlib.contextmanager
 def guarded(what, hints=None):
     """Run the block with every kernel access checked; fail with an explanation instead of
@@ -62,6 +74,10 @@ def guarded(what, hints=None):
         except AssertionError:
             raise
         except Exception as exc:                  # noqa: BLE001  (explained, as a failure)
+            if unwritten(exc):
+                raise AssertionError(f"{what}: a function or kernel this cell runs is not "
+                                     f"written yet (it raises NotImplementedError"
+                                     f"{where(exc)}): write it first") from None
             text = str(exc).strip().splitlines()
             short = "\n".join(text[:3] + (["..."] + text[-6:] if len(text) > 9 else text[3:]))
             raise AssertionError(

@@ -78,8 +78,11 @@ def raised_in_kernel(name, what, exc):
     lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) > 12:
         text = "\n".join(lines[:3] + ["..."] + lines[-8:])
-    from .demo import where
+    from .demo import unwritten, where
 
+    if unwritten(exc):
+        return (f"{what}: {name} is not written yet (it raises NotImplementedError"
+                f"{where(exc)}): replace the raise with your code")
     return (f"{what}: launching {name} raised {type(exc).__name__}{where(exc)}: {text}\nHint: "
             "the kernel did not run to its end. In the interpreter a shape that does not "
             "broadcast, a tl.arange whose size is not a power of two, or an int mixed with a "
