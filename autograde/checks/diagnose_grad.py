@@ -1,17 +1,27 @@
-"""Name the usual mistakes of a hand-written MSDA backward pass.
+"""Name the usual mistakes of a hand-written MSDA backward pass, and locate the others.
 
 ``explain(name, got, expected, args, grad_output, dtype)`` recomputes the gradient ``name``
-under each typical wrong formula and returns the hint of the first one that ``got`` equals
-(a sign error, a missing factor W or H, corners off the map receiving gradient, grad_attn
-without the corner weights, d_x and d_y swapped, a missing attention weight, contributions a
-scatter loses), or None.  ``garbage`` names a read past the tensor.
+under each typical wrong formula and returns the hint of the first one that reproduces
+``got`` within the check's tolerance (a sign error, a missing factor W or H, W where H
+belongs, a missing fraction factor of a location derivative, corners off the map receiving
+gradient, grad_attn without the corner weights, d_x and d_y swapped, a missing attention
+weight, contributions a scatter loses), or None: a hint is a confirmed hypothesis.
+``never_written`` names what a launch with sentinel-filled outputs left as it was;
+``garbage`` says where NaN or inf appear, and calls it a read outside only when the run saw
+one.
+
+``probes(gen)`` builds inputs that switch on one term at a time (one level and point on a
+pixel centre, then one more corner, point, level, attention spread, channel, head, batch
+element, query, corners off the map); a check runs the student's function on all of them,
+and ``locate`` names the first that goes wrong, with the hypothesis that reproduces it when
+one does (an index that reads index 0's inputs, a constant factor).
 
 Each wrong gradient is built from the float64 reference on changed inputs (locations moved,
 a map padded with the rows an unmasked read would reach, attention weights set to one) or
-from the right gradient by the change a mistake makes (a factor, a sign, a swap): this module
-does not state the gradients' formulas.  It runs only when a check judges and has already
-found a mismatch, never in the grading kernel; it imports the reference and lab 07's corner
-bookkeeping inside its functions.
+from the right gradient by the change a mistake makes (a factor, a sign, a swap); lost
+updates are emulated from each corner's contribution.  This module runs only when a check
+judges, never in the grading kernel (``probes`` excepted: it only draws inputs); it imports
+the reference and lab 07's corner bookkeeping inside its functions.
 """
 from __future__ import annotations
 
@@ -19,7 +29,8 @@ import torch
 
 from . import _operator as op
 
-__all__ = ["explain", "garbage", "shared_rows", "GRADIENT_AXES", "GRADIENT_INDEX"]
+__all__ = ["explain", "garbage", "never_written", "probes", "locate", "shared_rows",
+           "GRADIENT_AXES", "GRADIENT_INDEX", "PROBE_SHAPES"]
 
 GRADIENT_AXES = {"grad_value": op.VALUE_AXES, "grad_sampling_locations": op.LOC_AXES,
                  "grad_attention_weights": op.PARAM_AXES}
