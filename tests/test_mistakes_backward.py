@@ -532,3 +532,15 @@ def test_unwritten_stage_is_named_as_such(lab, cell, check_cell, words):
     message = _failure(namespace, lab, check_cell)
     assert message is not None and words in message, message
     assert "shape" not in message, message
+
+
+def test_lab08_notebook_states_the_gradients():
+    """Lab 08's formulas are in its notebook (with a pointer to the student's lab 07 answers),
+    not only in a chip's docstring."""
+    text = "".join(c.source for c in nbformat.read(source_notebook(LAB08), as_version=4).cells
+                   if c.cell_type == "markdown")
+    for piece in (r"\frac{\partial \mathcal{L}}{\partial a} = \sum_c w_c\, \gamma_c",
+                  r"a\, W \big[(1 - d_y)(\gamma_{01} - \gamma_{00})",
+                  r"a\, H \big[(1 - d_x)(\gamma_{10} - \gamma_{00})",
+                  r"$a\, w_c\, g$ to the row of `grad_value`", "your answers to lab 07"):
+        assert piece in text, piece
