@@ -43,6 +43,15 @@ PREDICTION = '''    rows, cols = corners_of(locations, height, width)
     return int(lost)'''
 NO_ON_MAP = ("on_map = mask & (r >= 0) & (r < H) & (c >= 0) & (c < W)", "on_map = mask")
 ALL_LANES = "mask_q[:, None] & mask_d[None, :]"
+ROW_INT32 = ("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m",
+             "row_bqm = (b * Q + offs_q) * M + m")
+BASE_INT32 = ("base_bm = (b.to(tl.int64) * S * M + m) * D", "base_bm = (b * S * M + m) * D")
+NO_SCATTER = ("                tl.atomic_add(grad_value_ptr + offs, contrib, mask=msk)\n", "")
+NO_LOC_STORE = ("""            tl.store(grad_loc_ptr + 2 * p, (a * W * grad_x_im).to(grad_loc_ptr.dtype.element_ty),
+                     mask=mask_q)
+            tl.store(grad_loc_ptr + 2 * p + 1, (a * H * grad_y_im).to(grad_loc_ptr.dtype.element_ty),
+                     mask=mask_q)
+""", "")
 
 # (lab, mistake, solution cell, [(old, new)], visible check cell, words the message must hold)
 MISTAKES = [
@@ -99,6 +108,18 @@ MISTAKES = [
     (LAB07, "grad_value sign", VALUE,
      [("contributions = scale[..., None] * g", "contributions = -scale[..., None] * g")],
      "lab07_check_grad_value", ["sign error"]),
+    (LAB07, "grad_loc: the y column scaled by W", LOC, [(' * c["height"]', ' * c["width"]')],
+     "lab07_check_grad_loc", ["y column is scaled by W where H belongs"]),
+    (LAB07, "grad_loc: the x derivative without (1 - dy)", LOC,
+     [("d_x_im = (1 - dy) * (gv01 - gv00)", "d_x_im = (gv01 - gv00)")],
+     "lab07_check_grad_loc", ["x derivative lacks its (1 - d_y) factor"]),
+    (LAB07, "grad_value: every contribution halved (no catalogue entry)", VALUE,
+     [('scale = attention_weights[..., None] * c["weights"]',
+       'scale = attention_weights[..., None] * c["weights"] * 0.5')],
+     "lab07_check_grad_value", ["Located by isolation", "first wrong with one level, one point",
+                                "exactly 0.5 times the right one"]),
+    (LAB07, "grad_value raises", VALUE, [("out.scatter_add_(", "out.scatter_add_(1, ")],
+     "lab07_check_grad_value", ["grad_value raised TypeError", "at `out.scatter_add_(1, 2"]),
     # lab 08: the racy histogram, the prediction, the atomic histogram
     (LAB08, "racy stage written with atomics", RACY,
      [("        count = tl.load(hits_ptr + r * W + c, mask=on_map, other=0)\n"
@@ -199,6 +220,45 @@ MISTAKES = [
     (LAB08, "kernel: grad_value without the attention weight", BACKWARD,
      [("contrib = ((a * wy * wx)[:, None] * g)", "contrib = ((wy * wx)[:, None] * g)")],
      "lab08_check_backward_value", ["attention weight is missing"]),
+    (LAB08, "kernel: the y gradient scaled by W", BACKWARD,
+     [("(a * H * grad_y_im)", "(a * W * grad_y_im)")],
+     "lab08_check_backward_loc", ["y column is scaled by W where H belongs"]),
+    # the lab's increments: grad_attn written, the rest not yet
+    (LAB08, "kernel: grad_value not written yet", BACKWARD, [NO_SCATTER],
+     "lab08_check_backward_value", ["grad_value is never written"]),
+    (LAB08, "kernel: grad_value not written yet (half check)", BACKWARD, [NO_SCATTER],
+     "lab08_check_backward_half", ["grad_value is never written"]),
+    (LAB08, "kernel: grad_loc not written yet", BACKWARD, [NO_LOC_STORE],
+     "lab08_check_backward_loc", ["grad_sampling_locations is never written"]),
+    (LAB08, "kernel: channels past the first never written", BACKWARD,
+     [("mask_d = offs_d < D", "mask_d = offs_d < 1")],
+     "lab08_check_backward_value", ["never written", "channels 1, 2, 3"]),
+    # mistakes no catalogue holds, located by the isolation probes
+    (LAB08, "kernel: the level start ignores the level", BACKWARD,
+     [("start = tl.load(starts_ptr + l)", "start = tl.load(starts_ptr)")],
+     "lab08_check_backward_attn", ["Located by isolation", "first wrong with a second level",
+                                   "level 1: its start row"]),
+    (LAB08, "kernel: the attention index ignores the point", BACKWARD,
+     [("a = tl.load(attn_ptr + p, mask=mask_q", "a = tl.load(attn_ptr + p - k, mask=mask_q")],
+     "lab08_check_backward_value", ["first wrong with a second point",
+                                    "the weight's index ignores the point k"]),
+    (LAB08, "kernel: corner 00's x weight is d_x", BACKWARD,
+     [("wx = dx if corner % 2 == 1 else 1 - dx", "wx = dx if corner % 2 == 1 else dx")],
+     "lab08_check_backward_value", ["first wrong with one level, one point",
+                                    "Your result is 0 for every element here"]),
+    (LAB08, "kernel: a shape that does not broadcast", BACKWARD,
+     [("gv = tl.sum(g * v, axis=1)", "gv = tl.sum(g * v, axis=0)")],
+     "lab08_check_backward_attn", ["launching msda_backward_kernel raised",
+                                   "at `grad_a += wy * wx * gv`"]),
+    # the int32 offset class (lab 05's row index (b*Q + q)*M + m in int32)
+    (LAB08, "kernel: the row index in int32 (grad_attn)", BACKWARD, [ROW_INT32],
+     "lab08_check_backward_attn", ["wraps around past 2**31", "(b * Q + q) * M + m",
+                                   "b.to(tl.int64) * Q"]),
+    (LAB08, "kernel: the row index in int32 (grad_loc)", BACKWARD, [ROW_INT32],
+     "lab08_check_backward_loc", ["wraps around past 2**31", "(b * Q + q) * M + m"]),
+    (LAB08, "kernel: the value offset in int32", BACKWARD, [BASE_INT32],
+     "lab08_check_backward_value", ["wraps around past 2**31", "(b * S * M + m) * D",
+                                    "b.to(tl.int64) * S"]),
     (LAB08, "kernel: computes in the input dtype", BACKWARD,
      [(f"mask={ALL_LANES}, other=0.0).to(ACC_DTYPE)", f"mask={ALL_LANES}, other=0.0)"),
       ("v = tl.load(value_ptr + offs, mask=msk, other=0.0).to(ACC_DTYPE)",
@@ -262,6 +322,17 @@ def _helper(grad_output, value, spatial_shapes, level_start_index, sampling_loca
     return torch.autograd.grad(out, leaf, grad_output)[0]''',
      "check_grad_value", "lab07_check_grad_value"),
 ]
+# words a check printed for these mistakes before its diagnosis confirmed its hypotheses: the
+# message must not hold them now
+WRONG_HINTS = {
+    "grad_loc: the y column scaled by W": ["none of the usual mistakes"],
+    "grad_loc: the x derivative without (1 - dy)": ["none of the usual mistakes"],
+    "kernel: the y gradient scaled by W": ["none of the usual mistakes"],
+    "kernel: grad_value not written yet": ["updates are lost", "none of the usual mistakes"],
+    "kernel: grad_value not written yet (half check)": ["updates are lost",
+                                                         "none of the usual mistakes"],
+    "kernel: the attention index ignores the point": ["updates are lost"],
+}
 HAND_WRITTEN = "the gradients are written by hand"
 FUNCTIONS = {ATTN: "grad_attention_weights", LOC: "grad_sampling_locations", VALUE: "grad_value"}
 
@@ -329,6 +400,8 @@ def test_visible_check_names_the_mistake(lab, mistake, cell, edits, check_cell, 
     assert "Hint:" in message or "uses autograd" in message, message
     for word in words:
         assert word in message, f"{mistake}: {word!r} not in the message:\n{message}"
+    for word in WRONG_HINTS.get(mistake, ()):
+        assert word not in message, f"{mistake}: {word!r} in the message:\n{message}"
 
 
 @pytest.mark.parametrize("lab", [LAB07, LAB08])
@@ -378,3 +451,96 @@ def test_lab07_release_gives_no_derivation_away():
     solutions = "".join(c.source for c in nbformat.read(source_notebook(LAB07), as_version=4).cells
                         if BEGIN_SOLUTION in c.source)
     assert all(answer in solutions for answer in ANSWERS[:4])     # the answers themselves do
+
+
+# ------------------------------------------------------------------ the demonstration cells
+# (mistake, solution cell, edits, demonstration cell, words the failure must hold): a mistake
+# that crashed the notebook's kernel (heap corruption) or escaped as a raw exception in a cell
+# that runs the student's kernel outside a check
+DEMOS = [
+    ("atomic add without its corner mask", BACKWARD,
+     [("tl.atomic_add(grad_value_ptr + offs, contrib, mask=msk)",
+       f"tl.atomic_add(grad_value_ptr + offs, contrib, mask={ALL_LANES})")],
+     "lab08_compare_lab07", ["grad_value_ptr", "every access checked",
+                             "corners off the map receive gradient"]),
+    ("a shape that does not broadcast", BACKWARD,
+     [("gv = tl.sum(g * v, axis=1)", "gv = tl.sum(g * v, axis=0)")],
+     "lab08_compare_lab07", ["your kernel beside lab 07's chips: your code raised"]),
+    ("racy kernel: corners off the map counted", RACY, [NO_ON_MAP],
+     "lab08_race_example", ["hits_ptr", "corners off the map are counted"]),
+]
+
+
+@pytest.mark.parametrize("mistake, cell, edits, demo, words", DEMOS,
+                         ids=[row[0] for row in DEMOS])
+def test_demonstration_cell_reports_instead_of_crashing(mistake, cell, edits, demo, words):
+    """The cell runs in this process: without the guard the first row corrupts the heap."""
+    namespace = _with_solution(LAB08, cell, _inject(_cells(LAB08)[cell].source, edits))
+    if demo == "lab08_compare_lab07":                 # the launcher and backward_case it uses
+        _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
+    message = _failure(namespace, LAB08, demo)
+    assert message is not None, f"{mistake}: the cell ran without a word"
+    for word in words:
+        assert word in message, f"{mistake}: {word!r} not in the message:\n{message}"
+
+
+def test_demonstration_cells_run_the_solution_quietly():
+    namespace = _with_solution(LAB08, BACKWARD, _cells(LAB08)[BACKWARD].source)
+    _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
+    for demo in ("lab08_race_example", "lab08_compare_lab07"):
+        assert _failure(namespace, LAB08, demo) is None, demo
+
+
+@pytest.mark.parametrize("edit, check", [(ROW_INT32, "check_backward_grad_attn"),
+                                         (BASE_INT32, "check_backward_grad_value")],
+                         ids=["row index", "value offset"])
+def test_hidden_check_catches_int32_offsets(edit, check):
+    """The hidden check as the grading kernel runs it (recording, the grader's seed) and the
+    grader replays it: the int32 offset fails there too."""
+    from autograde import recording
+    from autograde.checks import lab08
+
+    namespace = _with_solution(LAB08, BACKWARD, _inject(_cells(LAB08)[BACKWARD].source, [edit]))
+    secret = "int32"
+    recording._mode, recording._base_seed, recording._counter = "record", secret, 0
+    recording._events = []
+    try:
+        getattr(lab08, check)(namespace["msda_backward_kernel"])
+    finally:
+        events, recording._events, recording._mode = recording._events, [], None
+    context = recording.ReplayContext(events, secret)
+    proxy = recording.Proxy(context, "msda_backward_kernel")
+    with pytest.raises(AssertionError, match="wraps around past 2"):
+        recording.replay_check(getattr(lab08, check), [proxy], {}, context)
+
+
+@pytest.mark.parametrize("lab, cell, check_cell, words", [
+    (LAB07, VALUE, "lab07_check_grad_value", "grad_value is not written yet"),
+    (LAB08, BACKWARD, "lab08_check_backward_attn", "msda_backward_kernel is not written yet"),
+    (LAB08, BACKWARD, "lab08_compare_lab07", "is not written yet"),
+], ids=["lab 07 function", "lab 08 kernel", "lab 08 comparison cell"])
+def test_unwritten_stage_is_named_as_such(lab, cell, check_cell, words):
+    """A cell as released (its body a NotImplementedError) fails its check with that said,
+    not with a hint about shapes."""
+    source = _cells(lab)[cell].source
+    start, end = source.index("### BEGIN SOLUTION"), source.index("### END SOLUTION")
+    end += len("### END SOLUTION")
+    namespace = _with_solution(lab, cell, source[:start] + "raise NotImplementedError()"
+                               + source[end:])
+    if check_cell == "lab08_compare_lab07":
+        _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
+    message = _failure(namespace, lab, check_cell)
+    assert message is not None and words in message, message
+    assert "shape" not in message, message
+
+
+def test_lab08_notebook_states_the_gradients():
+    """Lab 08's formulas are in its notebook (with a pointer to the student's lab 07 answers),
+    not only in a chip's docstring."""
+    text = "".join(c.source for c in nbformat.read(source_notebook(LAB08), as_version=4).cells
+                   if c.cell_type == "markdown")
+    for piece in (r"\frac{\partial \mathcal{L}}{\partial a} = \sum_c w_c\, \gamma_c",
+                  r"a\, W \big[(1 - d_y)(\gamma_{01} - \gamma_{00})",
+                  r"a\, H \big[(1 - d_x)(\gamma_{10} - \gamma_{00})",
+                  r"$a\, w_c\, g$ to the row of `grad_value`", "your answers to lab 07"):
+        assert piece in text, piece

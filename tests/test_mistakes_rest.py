@@ -494,3 +494,24 @@ def test_the_baselines_of_the_diagnoses_are_the_reference():
         assert atomic_instructions(text) == expected, what
     for what, text, expected, _ in lab09.STRATEGY_LISTINGS:
         assert chip09.atomic_strategy(text) == expected, what
+
+
+@pytest.mark.parametrize("substitutions, words", [
+    ([(INSIDE, "inside = mask_q")], ["value_ptr", "every access checked",
+                                     "corners off the map are read"]),
+    ([], None),
+], ids=["no corner mask", "the solution"])
+def test_lab06_comparison_cell_runs_the_kernel_under_the_guard(substitutions, words):
+    """The cell that runs the student's narrow kernel beside the wide chip reports an access
+    outside a tensor (instead of reading another allocation) and is quiet on the solution."""
+    namespace = _namespace("lab06", "lab06_narrow_and_wide",
+                           {"lab06_narrow_kernel": substitutions})
+    source = dict(_cells("lab06"))["lab06_narrow_and_wide"].source
+    with contextlib.redirect_stdout(io.StringIO()):
+        if words is None:
+            _run(source, "<lab06 narrow_and_wide>", namespace)
+            return
+        with pytest.raises(AssertionError) as failed:
+            _run(source, "<lab06 narrow_and_wide>", namespace)
+    for word in words:
+        assert word in str(failed.value), str(failed.value)

@@ -18,7 +18,7 @@ from autograde import recording
 
 from . import _operator as op
 from . import diagnose_grad
-from .common import expect, forbid_references, fresh_generator, judging
+from .common import forbid_references, fresh_generator, judging
 
 __all__ = ["check_grad_attention_weights", "check_grad_sampling_locations",
            "check_grad_value", "AutogradUsed"]
@@ -173,14 +173,40 @@ def _by_hand(name, student):
                 restore()
 
 
-def _call(student, name, grad_output, args):
+def raised_in(student, name, what, exc):
+    """What a check says when the student's function raised ``exc``: the exception and the
+    line of the student's code it came from."""
+    import linecache
+    import traceback
+
+    if isinstance(exc, NotImplementedError):
+        return f"{what}: {name} is not written yet (it raises NotImplementedError)"
+    filename = getattr(getattr(student, "__code__", None), "co_filename", None)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
+    where = ""
+    if frames:
+        frame = frames[-1]
+        line = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+        where = f" in {frame.name}, at `{line}`" if line else f" in {frame.name}"
+    return (f"{what}: {name} raised {type(exc).__name__}: {exc}{where}\nHint: the check called "
+            "it with the arguments its docstring gives, in its shapes and dtypes: that line is "
+            "where your code stopped (print what it computes with, on these shapes)")
+
+
+def _call(student, name, grad_output, args, what=None):
     """The student's gradient on copies of the inputs, written by hand or failed."""
+    what = what or name
     if not isinstance(student, recording.Proxy):    # the grader's stand-in has no code to read
         hit = _autograd_by_name(student)
         if hit:
             raise AutogradUsed(_message(name, f"`{hit[0]}` in {hit[1]}"))
     with forbid_references(student), _by_hand(name, student):
-        got = student(grad_output.clone(), *(t.clone() for t in args.values()))
+        try:
+            got = student(grad_output.clone(), *(t.clone() for t in args.values()))
+        except AssertionError:
+            raise
+        except Exception as exc:                  # noqa: BLE001  (explained, as a failure)
+            raise AssertionError(raised_in(student, name, what, exc)) from None
     if isinstance(got, torch.Tensor) and (got.requires_grad or got.grad_fn is not None):
         raise AutogradUsed(_message(name, "its result carries a grad_fn"))
     return got
@@ -197,37 +223,52 @@ _FALLBACK = {
 }
 
 
-def _hint(name, got, expected, args, grad_output):
+def _hint(name, got, expected, args, grad_output, located):
+    """The diagnosis of this lab's gradients, the same for the visible and the hidden check:
+    a mistake of the catalogue when it reproduces ``got``, else the first isolation probe
+    that goes wrong."""
     named = diagnose_grad.explain(name, got, expected, args, grad_output, torch.float64,
                                   table=TOL, off_map="row 0")
-    return named or (_FALLBACK[name] + ": work out your derivation for the one sample named "
-                     "above by hand, and compare term by term (the gradcheck at the end of "
-                     "the lab compares all three with finite differences)")
+    if named:
+        return named
+    where = diagnose_grad.locate(name, located, torch.float64, table=TOL, off_map="row 0")
+    return (_FALLBACK[name] + ". " + (where or "Every isolation probe (one term at a time) is "
+            "right: the mistake shows only when several terms meet; work out your derivation "
+            "for the one sample named above by hand, and compare term by term (the gradcheck "
+            "at the end of the lab compares all three with finite differences)"))
 
 
 def _check(student, name, seed):
     gen = fresh_generator(seed)
     seed = gen.initial_seed()
-    cases = 0
+    runs = []
     for description, args in _cases(gen):
         out_shape = (args["value"].shape[0], args["sampling_locations"].shape[1],
                      args["value"].shape[2] * args["value"].shape[3])
         grad_output = torch.randn(out_shape, generator=gen, dtype=torch.float64)
-        got = _call(student, name, grad_output, args)
         what = f"{name}, {description} (seed {seed})"
+        runs.append((what, args, grad_output, _call(student, name, grad_output, args, what)))
+    # the isolation probes run whatever the cases give (the same calls in the grading kernel
+    # and in the grader's replay); they are judged after the cases
+    located = [(label, term, args, grad_output,
+                _call(student, name, grad_output, args, f"{name} with {label} (seed {seed})"))
+               for label, term, args, grad_output in diagnose_grad.probes(gen)]
+    if not judging():
+        return
+    for what, args, grad_output, got in runs:
         if isinstance(got, torch.Tensor) and got.dtype != args["value"].dtype:
             raise AssertionError(f"{what}: expected dtype {args['value'].dtype} (the inputs'), "
                                  f"got {got.dtype}")
-        expected = expect(op.gradients_fp64, args, grad_output)
-        if expected is None:
-            continue
-        expected = expected[diagnose_grad.GRADIENT_INDEX[name]]
+        expected = op.gradients_fp64(args, grad_output)[diagnose_grad.GRADIENT_INDEX[name]]
         op.assert_scaled(got, expected, torch.float64, what, diagnose_grad.GRADIENT_AXES[name],
-                         table=TOL, hint=lambda: _hint(name, got, expected, args, grad_output))
-        cases += 1
-    if judging():
-        print(f"{name} matches autograd through the float64 reference in {cases} cases "
-              f"(seed {seed})")
+                         table=TOL, hint=lambda: _hint(name, got, expected, args, grad_output,
+                                                       located))
+    message = diagnose_grad.locate(name, located, torch.float64, table=TOL, off_map="row 0")
+    if message:
+        raise AssertionError(f"{name} (seed {seed}): right on the general cases, wrong on a "
+                             f"simpler one. {message}")
+    print(f"{name} matches autograd through the float64 reference in {len(runs)} cases and "
+          f"{len(located)} isolation probes (seed {seed})")
 
 
 def check_grad_attention_weights(grad_attention_weights, seed=None):

@@ -17,8 +17,9 @@ from autograde import recording
 from . import _operator as op
 from . import diagnose_grad, guard
 from .common import check_close, expect, forbid_references, fresh_generator, judging
+from .demo import guarded as _guarded
 
-__all__ = ["check_corner_hits_racy", "check_lost_updates", "check_corner_hits",
+__all__ = ["guarded", "HITS_HINTS", "BACKWARD_HINTS", "check_corner_hits_racy", "check_lost_updates", "check_corner_hits",
            "check_backward_grad_attn", "check_backward_grad_loc", "check_backward_grad_value",
            "check_backward_half"]
 
@@ -26,6 +27,11 @@ __all__ = ["check_corner_hits_racy", "check_lost_updates", "check_corner_hits",
 def _chip():
     from source_kernels.chips import lab08
     return lab08
+
+
+def guarded(what, hints=None):
+    """The guard of the lab's demonstration cells (``autograde.checks.demo.guarded``)."""
+    return _guarded(what, hints)
 
 
 def _is_kernel(obj) -> bool:
@@ -38,18 +44,49 @@ def _launch(kernel, name, grid, args, kwargs, what, hint, writes=()):
     if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
         raise AssertionError(f"{name} must be a @triton.jit kernel, got "
                              f"{type(kernel).__name__}")
+    ran_on, report = _launch_with_report(kernel, name, grid, args, kwargs, what, hint, writes)
+    return ran_on
+
+
+def _launch_with_report(kernel, name, grid, args, kwargs, what, hint, writes=()):
+    """:func:`_launch`, returning (the tensors it ran on, the guard's report or None)."""
+    if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
+        raise AssertionError(f"{name} must be a @triton.jit kernel, got "
+                             f"{type(kernel).__name__}")
     report = None
     with forbid_references(kernel, writes=writes):
-        if recording.replaying():
-            kernel[grid](*args, **kwargs)
-        else:
-            report = guard.launch(kernel, grid, *args, **kwargs)
+        try:
+            if recording.replaying():
+                kernel[grid](*args, **kwargs)
+            else:
+                report = guard.launch(kernel, grid, *args, **kwargs)
+        except AssertionError:
+            raise
+        except Exception as exc:                  # noqa: BLE001  (explained, as a failure)
+            raise AssertionError(raised_in_kernel(name, what, exc)) from None
     if report is None:
-        return args
+        return args, None
     if report.violations:
         tensor = report.violations[0].tensor
         report.check(what, hint.get(tensor, hint.get(None)) if isinstance(hint, dict) else hint)
-    return report.args
+    return report.args, report
+
+
+def raised_in_kernel(name, what, exc):
+    """What a check says when launching the student's kernel raised ``exc``."""
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 12:
+        text = "\n".join(lines[:3] + ["..."] + lines[-8:])
+    from .demo import unwritten, where
+
+    if unwritten(exc):
+        return (f"{what}: {name} is not written yet (it raises NotImplementedError"
+                f"{where(exc)}): replace the raise with your code")
+    return (f"{what}: launching {name} raised {type(exc).__name__}{where(exc)}: {text}\nHint: "
+            "the kernel did not run to its end. In the interpreter a shape that does not "
+            "broadcast, a tl.arange whose size is not a power of two, or an int mixed with a "
+            "pointer of the wrong kind are the usual causes")
 
 
 # ------------------------------------------------------------------ the corner-hit histogram
@@ -195,6 +232,9 @@ def check_corner_hits(corner_hits_kernel, seed=None):
     _check_hits(corner_hits_kernel, "corner_hits_kernel", seed, racy=False)
 
 
+HITS_HINTS = _HITS_GUARD
+
+
 # ------------------------------------------------------------------ the prediction
 def _prediction_cases(gen):
     """(description, H, W, locations, samples per program): cases where every wrong rule below
@@ -279,6 +319,9 @@ _BACKWARD_GUARD = {
           "for value and grad_value"}
 
 
+BACKWARD_HINTS = _BACKWARD_GUARD
+
+
 def _backward_case(gen, dtype=torch.float32, distribution="uniform", heads=2):
     """Two levels, one of them 1x1; 10 queries, so that a block of 8 leaves lanes past Q."""
     kwargs = (dict(distribution="local", sigma_pixels=0.7) if distribution == "local"
@@ -288,19 +331,25 @@ def _backward_case(gen, dtype=torch.float32, distribution="uniform", heads=2):
     return args, grad_output
 
 
-def _run_backward(kernel, args, grad_output, block_q, what):
+SENTINEL = -7.0        # what the check's second launch fills the outputs with: exact in every
+                       # dtype, and no gradient of the checks' inputs is exactly that
+
+
+def _run_backward(kernel, args, grad_output, block_q, what, fill=0.0, report_to=None):
     """The kernel on the inputs, launched as the lab's launcher does; returns (grad_value,
-    grad_loc, grad_attn) on the CPU, grad_value in the dtype of value."""
+    grad_loc, grad_attn) on the CPU, grad_value in the dtype of value.  ``fill``: what the
+    outputs hold before the launch (the launcher's zeros; a sentinel to find what the kernel
+    never writes).  ``report_to``: a list that receives the guard's report."""
     import triton.language as tl
 
     value = args["value"].contiguous()
     batch, total, heads, channels = value.shape
     _, queries, _, levels, points, _ = args["sampling_locations"].shape
     wide = value.dtype == torch.float64
-    grad_value = torch.zeros(value.shape, dtype=torch.float64 if wide else torch.float32,
-                             device=value.device)
-    grad_loc = torch.zeros_like(args["sampling_locations"])
-    grad_attn = torch.zeros_like(args["attention_weights"])
+    grad_value = torch.full(value.shape, fill, dtype=torch.float64 if wide else torch.float32,
+                            device=value.device)
+    grad_loc = torch.full_like(args["sampling_locations"], fill)
+    grad_attn = torch.full_like(args["attention_weights"], fill)
     tensors = (grad_output.contiguous(), value, args["value_spatial_shapes"].contiguous(),
                args["value_level_start_index"].contiguous(),
                args["sampling_locations"].contiguous(), args["attention_weights"].contiguous(),
@@ -308,9 +357,12 @@ def _run_backward(kernel, args, grad_output, block_q, what):
     launch = dict(L=levels, K=points, BLOCK_Q=block_q,
                   BLOCK_D=max(1, 1 << (channels - 1).bit_length()),
                   ACC_DTYPE=tl.float64 if wide else tl.float32)
-    ran_on = _launch(kernel, "msda_backward_kernel", (-(-queries // block_q), batch * heads),
-                     tensors + (total, queries, heads, channels), launch, what, _BACKWARD_GUARD,
-                     writes=(6, 7, 8))
+    ran_on, report = _launch_with_report(
+        kernel, "msda_backward_kernel", (-(-queries // block_q), batch * heads),
+        tensors + (total, queries, heads, channels), launch, what, _BACKWARD_GUARD,
+        writes=(6, 7, 8))
+    if report_to is not None:
+        report_to.append(report)
     return (ran_on[6].detach().to(value.dtype).cpu(), ran_on[7].detach().cpu(),
             ran_on[8].detach().cpu())
 
@@ -326,19 +378,157 @@ _FALLBACK = {
 }
 
 
-def _judge_gradient(name, got, args, grad_output, what, dtype=torch.float32):
+def _nan_source(reports):
+    """What the guarded launches saw that explains a NaN in an output (see
+    ``diagnose_grad.garbage``): compiled, the padding around each tensor holds NaN, so a NaN
+    is a read outside; interpreted, reads outside are reported before anything is judged, and
+    a masked load without ``other=`` reads NaN on its masked-off lanes."""
+    if not guard.interpreting():
+        return "read outside"
+    events = [e for r in reports if r is not None for e in r.loads_without_other.values()]
+    if events:
+        lines = "; ".join(str(e.line) for e in events[:3])
+        return ("a masked tl.load without other= gives its masked-off lanes no value (the "
+                f"check gives them NaN, a GPU whatever lies there): {lines}. Give it "
+                "other=0.0")
+    return None
+
+
+def _diagnosis(name, got, expected, args, grad_output, dtype, run):
+    """The one diagnosis of the backward kernel's ``name``, for the visible and the hidden
+    checks: what the kernel never wrote, a mistake of the catalogue that reproduces ``got``,
+    else the first isolation probe that goes wrong.  ``run``: the check's other launches,
+    {"filled": the same inputs with the outputs filled with SENTINEL, "probes": ...,
+    "reports": the guard's reports, "block_q": queries per program}."""
+    index = diagnose_grad.GRADIENT_INDEX[name]
+    block_q = run["block_q"] if guard.interpreting() else None
+    named = diagnose_grad.explain(
+        name, got, expected, args, grad_output, dtype, off_map="flat", block_q=block_q,
+        unwritten=(run["filled"][index], SENTINEL) if run.get("filled") else None,
+        nan_source=_nan_source(run["reports"]))
+    if named:
+        return named
+    if not run["probes"]:
+        return (_FALLBACK[name] + ": the checks above run one gradient at a time with "
+                "isolation probes that locate the wrong term; run them first, then compare "
+                "your kernel with lab 07's chip (the cell above the checks) on the element "
+                "named above")
+    where = diagnose_grad.locate(name, run["probes"], torch.float32, off_map="flat",
+                                 block_q=run["block_q"], nan_source=_nan_source(run["reports"]))
+    return (_FALLBACK[name] + ". " + (where or "Every isolation probe (one term at a time) is "
+            "right: the mistake shows only when several terms meet. Compare your kernel with "
+            "lab 07's chip (the cell above the checks) on the element named above"))
+
+
+def _judge_gradient(name, got, args, grad_output, what, dtype=torch.float32, run=None):
     expected = expect(op.gradients_fp64, args, grad_output)
     if expected is None:
         return
     expected = expected[diagnose_grad.GRADIENT_INDEX[name]]
+    run = run or {"probes": [], "reports": [], "block_q": None}
 
     def hint():
-        named = diagnose_grad.explain(name, got, expected, args, grad_output, dtype,
-                                      off_map="flat")
-        return named or (_FALLBACK[name] + ": compare your kernel with lab 07's chip (the "
-                         "cell above the checks) on the element named above")
+        return _diagnosis(name, got, expected, args, grad_output, dtype, run)
     op.assert_scaled(got, expected, dtype, what, diagnose_grad.GRADIENT_AXES[name],
                      table=op.GRAD_TOLERANCE, hint=hint)
+
+
+def _probe_runs(kernel, name, gen, block_q, seed, reports):
+    """The kernel on every isolation probe (float32 inputs on the grading device): the
+    probes' (label, term, inputs, grad_output, the gradient ``name`` it returned)."""
+    index = diagnose_grad.GRADIENT_INDEX[name]
+    runs = []
+    for label, term, args, grad_output in diagnose_grad.probes(gen):
+        on = {k: v.to(op.device(), torch.float32) if v.is_floating_point() else
+              v.to(op.device()) for k, v in args.items()}
+        what = f"{name} of msda_backward_kernel with {label}, BLOCK_Q = {block_q} (seed {seed})"
+        got = _run_backward(kernel, on, grad_output.to(op.device(), torch.float32), block_q,
+                            what, report_to=reports)
+        runs.append((label, term, on, grad_output.float(), got[index]))
+    return runs
+
+
+# Sizes at which a 32-bit offset wraps around to batch 0's: with M = D = 4, the row index
+# (b * Q + q) * M + m of batch 1 is 2**32 + q * M + m when Q = 2**30, and the value offset
+# (b * S * M + m) * D of batch 1 is 2**32 + m * D when S = 2**28.
+_WRAPS = (("queries", 2 ** 30, "Q = 2**30 queries (a size the kernel is told; the tensors hold "
+           "8)", "the row index of grad_out, the locations, the weights and their gradients, "
+           "(b * Q + q) * M + m", "b.to(tl.int64) * Q"),
+          ("rows", 2 ** 28, "S = 2**28 rows of value per batch element (a size the kernel is "
+           "told; value holds one batch element of 12 rows)",
+           "the offset of value and grad_value, (b * S * M + m) * D", "b.to(tl.int64) * S"))
+
+
+def _int64_runs(kernel, gen, block_q, seed):
+    """The kernel told sizes at which an int32 offset wraps around (interpreter only: outside
+    accesses are switched off there, not made): for each of ``_WRAPS``, (label, (term, fix),
+    inputs of batch 0, grad_output of batch 0, (grad_value, grad_loc, grad_attn) of batch 0).  Batch
+    1's programs read and write outside the tensors when their offsets are right, and into
+    batch 0's elements when they wrap."""
+    if op.device() != "cpu":
+        return []
+    import triton.language as tl
+
+    args = op.inputs(gen, 2, 8, 4, 4, [[3, 4]], 1, outside=0.1, on="cpu")
+    grad_output = torch.randn(2, 8, 16, generator=gen)
+    first = {k: (v[:1] if k in ("value", "sampling_locations", "attention_weights") else v)
+             for k, v in args.items()}
+    runs = []
+    for key, size, label, term, fix in _WRAPS:
+        total = size if key == "rows" else first["value"].shape[1]
+        queries = size if key == "queries" else 8
+        grad_value = torch.zeros_like(first["value"])
+        grad_loc = torch.zeros_like(args["sampling_locations"])
+        grad_attn = torch.zeros_like(args["attention_weights"])
+        tensors = (grad_output.contiguous(), first["value"].contiguous(),
+                   args["value_spatial_shapes"].contiguous(),
+                   args["value_level_start_index"].contiguous(),
+                   args["sampling_locations"].contiguous(),
+                   args["attention_weights"].contiguous(), grad_value, grad_loc, grad_attn)
+        launch = dict(L=1, K=1, BLOCK_Q=block_q, BLOCK_D=4, ACC_DTYPE=tl.float32)
+        what = f"msda_backward_kernel told {label} (seed {seed})"
+        ran_on = _launch_unchecked(kernel, "msda_backward_kernel", (-(-8 // block_q), 2 * 4),
+                                   tensors + (total, queries, 4, 4), launch, what)
+        runs.append((label, (term, fix), first, grad_output[:1],
+                     (ran_on[6].detach().cpu(), ran_on[7][:1].detach().cpu(),
+                      ran_on[8][:1].detach().cpu())))
+    return runs
+
+
+def _launch_unchecked(kernel, name, grid, args, kwargs, what):
+    """:func:`_launch_with_report` for a launch whose accesses outside the tensors are
+    expected (and switched off): they are not reported."""
+    if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
+        raise AssertionError(f"{name} must be a @triton.jit kernel, got "
+                             f"{type(kernel).__name__}")
+    with forbid_references(kernel):
+        try:
+            if recording.replaying():
+                kernel[grid](*args, **kwargs)
+                return args
+            return guard.launch(kernel, grid, *args, **kwargs).args
+        except AssertionError:
+            raise
+        except Exception as exc:                  # noqa: BLE001  (explained, as a failure)
+            raise AssertionError(raised_in_kernel(name, what, exc)) from None
+
+
+def _judge_int64(name, runs, seed):
+    """Batch 0's ``name`` is right in every run of :func:`_int64_runs`, or the wrap is named."""
+    index = diagnose_grad.GRADIENT_INDEX[name]
+    for label, (term, fix), args, grad_output, got in runs:
+        expected = op.gradients_fp64(args, grad_output)[index]
+        message = op.mismatch(got[index], expected, torch.float32,
+                              f"{name} of batch 0, msda_backward_kernel told {label} "
+                              f"(seed {seed})", diagnose_grad.GRADIENT_AXES[name],
+                              table=op.GRAD_TOLERANCE)
+        if message:
+            raise AssertionError(
+                message + "\nHint: batch 1's programs changed batch 0's elements: an offset "
+                f"computed in int32 wraps around past 2**31 at these sizes ({term}, which is "
+                "2**32 + that of batch 0 for b = 1). b, q and m come from tl.program_id and "
+                "tl.arange as int32, and so do sizes below 2**31: cast before the first "
+                f"multiplication, {fix}, and every product after it is 64-bit")
 
 
 def _check_gradient(kernel, name, seed, distribution):
@@ -349,12 +539,26 @@ def _check_gradient(kernel, name, seed, distribution):
     description = ("queries sharing corners" if distribution == "local"
                    else "locations up to 20% outside the maps")
     what = f"{name} of msda_backward_kernel, {description}, BLOCK_Q = {block_q} (seed {seed})"
-    got = _run_backward(kernel, args, grad_output, block_q, what)
+    reports = []
+    got = _run_backward(kernel, args, grad_output, block_q, what, report_to=reports)
+    # the same launch with the outputs filled with a sentinel (what stays so was never
+    # written), then the isolation probes: the same launches whether the check judges or not
+    filled = _run_backward(kernel, args, grad_output, block_q, what, fill=SENTINEL,
+                           report_to=reports)
+    run = {"filled": filled, "reports": reports, "block_q": block_q,
+           "probes": _probe_runs(kernel, name, gen, block_q, seed, reports)}
+    wraps = _int64_runs(kernel, gen, block_q, seed)
     got = got[diagnose_grad.GRADIENT_INDEX[name]]
-    _judge_gradient(name, got, args, grad_output, what)
+    _judge_gradient(name, got, args, grad_output, what, run=run)
     if judging():
+        _judge_int64(name, wraps, seed)
+        message = diagnose_grad.locate(name, run["probes"], torch.float32, off_map="flat",
+                                       block_q=block_q, nan_source=_nan_source(reports))
+        if message:
+            raise AssertionError(f"{what}: right on this case, wrong on a simpler one. "
+                                 f"{message}")
         print(f"{name} of msda_backward_kernel matches autograd through the float64 reference "
-              f"({description}, seed {seed})")
+              f"({description}, and {len(run['probes'])} isolation probes; seed {seed})")
 
 
 def check_backward_grad_attn(msda_backward_kernel, seed=None):
@@ -377,17 +581,22 @@ def check_backward_half(msda_backward_kernel, seed=None):
     seed = gen.initial_seed()
     args, grad_output = _backward_case(gen, dtype=torch.float16, distribution="local", heads=1)
     block_q = 8
-    runs = []
+    runs, reports = [], []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in args.items()}
         what = (f"msda_backward_kernel with {str(dtype).replace('torch.', '')} inputs, "
                 f"BLOCK_Q = {block_q} (seed {seed})")
         runs.append((dtype, cast, grad_output.to(dtype), what,
                      _run_backward(msda_backward_kernel, cast, grad_output.to(dtype), block_q,
-                                   what)))
+                                   what, report_to=reports)))
+    # float32 once more, the outputs filled with the sentinel: what stays so was never written
+    filled = _run_backward(msda_backward_kernel, runs[0][1], runs[0][2], block_q, runs[0][3],
+                           fill=SENTINEL, report_to=reports)
     if not judging():
         return
     for dtype, cast, grad, what, got in runs:
+        run = {"filled": filled if dtype == torch.float32 else None, "probes": [],
+               "reports": reports, "block_q": block_q}
         for name in ("grad_value", "grad_sampling_locations", "grad_attention_weights"):
             index = diagnose_grad.GRADIENT_INDEX[name]
             if got[index].dtype != dtype:
@@ -395,7 +604,7 @@ def check_backward_half(msda_backward_kernel, seed=None):
                                      f"{got[index].dtype}")
             try:
                 _judge_gradient(name, got[index], cast, grad, f"{name}, {what}",
-                                dtype=dtype)
+                                dtype=dtype, run=run)
             except AssertionError as failure:
                 if dtype == torch.float32:
                     raise
