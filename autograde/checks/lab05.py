@@ -680,7 +680,8 @@ def check_forward_int64(msda_forward_kernel, seed=None):
         device = op.device()
         tensors = [t.to(device) for t in (value, shapes, starts, loc, attn, out)]
         try:
-            with forbid_references(msda_forward_kernel), guard.watch(int32=True) as report:
+            with forbid_references(msda_forward_kernel, writes=(5,)), \
+                    guard.watch(int32=True) as report:
                 msda_forward_kernel[(1, batch * heads)](
                     *tensors, 4, queries, heads, channels, L=1, K=1, BLOCK_Q=block_q,
                     BLOCK_D=channels, ACC_DTYPE=tl_float32())
