@@ -834,11 +834,26 @@ def write_summary(out: Path) -> dict:
              "| lab | mutants | run | killed | located | named | vague | wrongly hinted | "
              "hint confirmed | hint unverified | deaths | process died | exception escaped | "
              "timeouts | equivalent | survived | invalid |",
-             "|" + " --- |" * 18]
+             "|" + " --- |" * 17]
     for name, v in labs.items():
         lines.append(f"| {name} | {v['mutants_total']} | " +
                      " | ".join(str(v[k]) for k in keys) + " |")
     lines.append("| all | | " + " | ".join(str(all_[k]) for k in keys) + " |")
+    lines += ["", "Where the notebooks died (the cell, and what escaped it or how the process "
+              "ended), and which hints were wrong:", ""]
+    for path in sorted(out.glob("lab[0-9][0-9].json")):
+        entries = json.loads(path.read_text())["mutants"]
+        deaths = {}
+        for e in entries:
+            if e["outcome"] == "death":
+                d = e["death"]
+                where = d if isinstance(d, str) else f"{d['cell']}: {d['type']}"
+                deaths[where] = deaths.get(where, 0) + 1
+        wrong = [f"`{e['id']}` in {e['check']}" for e in entries if e.get("hint") == "wrong"]
+        if deaths or wrong:
+            parts = [f"{n} x {w}" for w, n in sorted(deaths.items(), key=lambda kv: -kv[1])]
+            lines.append(f"- {path.stem}: deaths: {'; '.join(parts) or 'none'}; wrongly "
+                         f"hinted: {', '.join(wrong) or 'none'}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return summary
 
@@ -852,7 +867,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once")
     parser.add_argument("--list", metavar="LAB")
+    parser.add_argument("--summary-only", action="store_true",
+                        help="rewrite summary.json and summary.md from the lab files")
     args = parser.parse_args(argv)
+    if args.summary_only:
+        print(json.dumps(write_summary(args.out)["all"]))
+        return 0
     if args.list:
         for m in all_mutants(args.list):
             print(f"{m.id}  {_short(m.before, 50)!r} -> {_short(m.after, 50)!r}")
