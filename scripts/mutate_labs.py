@@ -123,9 +123,12 @@ class Mutant:
     start: int          # character offsets in the cell's source
     end: int
 
+    copy: int = 0       # the how-manyth mutant with the same id text (0: the first)
+
     @property
     def id(self) -> str:
-        return f"{self.cell}:{self.line}:{self.kind}:{self.start}:{_short(self.after, 24)}"
+        text = f"{self.cell}:{self.line}:{self.kind}:{self.start}:{_short(self.after, 24)}"
+        return f"{text}#{self.copy + 1}" if self.copy else text
 
     def source(self, original: str) -> str:
         return original[:self.start] + self.after + original[self.end:]
@@ -251,11 +254,16 @@ def mutants_of(lab: str, c) -> list:
 
 
 def all_mutants(lab: str) -> list:
+    import dataclasses
+
     lab = lab_cells.lab_name(lab)
-    found = []
+    found, seen = [], {}
     for c in lab_cells.cells(lab):
         if c.answer:
-            found.extend(mutants_of(lab, c))
+            for m in mutants_of(lab, c):
+                copies = seen.get(m.id, 0)
+                seen[m.id] = copies + 1
+                found.append(dataclasses.replace(m, copy=copies) if copies else m)
     return found
 
 
