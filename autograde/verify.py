@@ -174,6 +174,11 @@ class VerifyChecks(NbGraderPreprocessor):
         self._released = released if reference is not None else None
         forbidden, allowed = labs.forbidden_names(
             nbg["assignment"], settings.forbidden_extra.get(nbg["assignment"], ()))
+        # the chips of earlier labs this lab's graded code may call (the checks' one rule)
+        from .checks import common
+        number = labs.lab_number(nbg["assignment"])
+        allowed = tuple(allowed) + tuple(common.chips_allowed(number))
+        self._chip_rule = common.chip_rule(number)
         student_cells = [(c.source, not nbutils.is_locked(c)) for c in nb.cells
                          if c.cell_type == "code"]
         code_cells = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
@@ -213,8 +218,8 @@ class VerifyChecks(NbGraderPreprocessor):
                 cell.outputs.append(NotebookNode(
                     output_type="execute_result", execution_count=cell.get("execution_count"),
                     metadata={}, data={"text/plain": repr(verdict["partial"])}))
-            if verdict["verdict"] != "pass" and not self._has_error(cell) and \
-                    verdict["verdict"] != NOT_GRADABLE:
+            if verdict["verdict"] != "pass" and verdict["verdict"] != NOT_GRADABLE and \
+                    (not self._has_error(cell) or verdict["verdict"] == "forbidden"):
                 cell.outputs.append(_error(verdict.get("ename", "HiddenCheckFailed"),
                                            verdict["message"]))
             if verdict["verdict"] == NOT_GRADABLE:
@@ -475,15 +480,16 @@ class VerifyChecks(NbGraderPreprocessor):
             return None
 
     @staticmethod
-    def _scan_verdict(calls, tainted):
+    def _scan_verdict(calls, tainted, rule=None):
         for module, function, args, kwargs in calls:
             for spec in list(args or []) + list((kwargs or {}).values()):
                 if spec[0] in ("name", "attr"):
                     root = spec[1].split(".")[0]
                     if root in tainted:
+                        why = f" ({rule})" if rule else ""
                         return {"verdict": "forbidden", "ename": "ForbiddenReference",
                                 "message": f"{root} {tainted[root]}, which a graded function "
-                                           "must not use"}
+                                           f"must not use{why}"}
         return None
 
     def _verify_cell(self, cell, gid, cell_tags, environment, run_info, seeds, tainted):
@@ -497,10 +503,15 @@ class VerifyChecks(NbGraderPreprocessor):
             return {"verdict": "fail", "message": "timed out", "ename": "CellTimeoutError"}
         if run_info.get("died"):
             return {"verdict": "fail", "message": "the kernel died in this cell"}
+        rule = getattr(self, "_chip_rule", None)
         if in_kernel_error:
-            return {"verdict": "fail", "message": "the cell raised an error in the kernel"}
+            # a graded function that reached what its lab forbids (a chip of this lab, which
+            # the grading kernel does not hold, or the reference) says so; the grader's own
+            # scan of the submitted source decides it, not the kernel's error text
+            return self._scan_verdict(calls, tainted(), rule) or \
+                {"verdict": "fail", "message": "the cell raised an error in the kernel"}
         if not calls:
-            return self._scan_verdict(calls, tainted()) or \
+            return self._scan_verdict(calls, tainted(), rule) or \
                 {"verdict": "pass", "message": "scored in the kernel (no check to replay)",
                  "replayed": False}
         events, overflow = _records(cell)
@@ -564,7 +575,7 @@ class VerifyChecks(NbGraderPreprocessor):
         if recording.unused_calls(context):
             return {"verdict": "needs_review", "ename": "VerificationFailed",
                     "message": "the record holds calls the check never made"}
-        forbidden = self._scan_verdict(calls, tainted(context.allowed))
+        forbidden = self._scan_verdict(calls, tainted(context.allowed), rule)
         if forbidden:
             return forbidden
         verdict = {"verdict": "pass", "message": "verified by the grader's replay",

@@ -12,9 +12,7 @@ runs only its own solution cell and the check.
 """
 from __future__ import annotations
 
-import linecache
 import sys
-import types
 from pathlib import Path
 
 import nbformat
@@ -23,7 +21,8 @@ import pytest
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nbgrader_helpers import BEGIN_HIDDEN, nbgrader_meta, source_notebook  # noqa: E402
+import lab_cells  # noqa: E402  (the runner shared with the other mistake tables)
+from nbgrader_helpers import nbgrader_meta, source_notebook  # noqa: E402
 
 LAB07, LAB08 = "lab07_the_other_direction", "lab08_concurrent_writes"
 # ungraded cells that only draw, time or demonstrate: not needed to check anything
@@ -339,13 +338,7 @@ FUNCTIONS = {ATTN: "grad_attention_weights", LOC: "grad_sampling_locations", VAL
 
 # ------------------------------------------------------------------ running the notebook
 def _cells(lab):
-    return {nbgrader_meta(c)["grade_id"]: c for c in
-            nbformat.read(source_notebook(lab), as_version=4).cells}
-
-
-def _exec(source, namespace, name):
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-    exec(compile(source, name, "exec"), namespace)          # noqa: S102
+    return {c.grade_id: c for c in lab_cells.cells(lab)}
 
 
 _BASES = {}
@@ -354,40 +347,22 @@ _BASES = {}
 def _base(lab):
     """The namespace after the setup, given and solution cells of ``lab`` (once per lab)."""
     if lab not in _BASES:
-        module = types.ModuleType(f"{lab}_mistakes")
-        for grade_id, cell in _cells(lab).items():
-            meta = nbgrader_meta(cell)
-            if cell.cell_type != "code" or meta.get("grade") or BEGIN_HIDDEN in cell.source \
-                    or grade_id.split("_", 1)[1].startswith(SKIP):
-                continue
-            _exec(cell.source, module.__dict__, f"<{lab} {grade_id}>")
-        _BASES[lab] = module
+        _BASES[lab] = lab_cells.namespace(lab, select=lab_cells.skipping(SKIP))
     return _BASES[lab]
 
 
 def _with_solution(lab, grade_id, source):
     """A namespace where the cell ``grade_id`` ran with ``source`` (a module of its own, so
     that its functions' globals are not the shared base's)."""
-    module = types.ModuleType(f"{lab}_{grade_id}_variant")
-    module.__dict__.update({k: v for k, v in vars(_base(lab)).items() if k != "__name__"})
-    _exec(source, module.__dict__, f"<{lab} {grade_id} with a mistake>")
-    return module.__dict__
+    return lab_cells.with_cell(_base(lab), lab, grade_id, source)
 
 
 def _failure(namespace, lab, check_cell):
     """The AssertionError the visible check cell raises (None when it passes)."""
-    try:
-        _exec(_cells(lab)[check_cell].source, namespace, f"<{lab} {check_cell}>")
-    except AssertionError as failure:
-        return str(failure)
-    return None
+    return lab_cells.run_check(namespace, lab, check_cell)
 
 
-def _inject(source, edits):
-    for old, new in edits:
-        assert source.count(old) == 1, f"expected exactly one {old!r} in the solution cell"
-        source = source.replace(old, new)
-    return source
+_inject = lab_cells.substitute
 
 
 # ------------------------------------------------------------------ the tests
@@ -407,7 +382,7 @@ def test_visible_check_names_the_mistake(lab, mistake, cell, edits, check_cell, 
 @pytest.mark.parametrize("lab", [LAB07, LAB08])
 def test_solution_passes_the_visible_checks(lab):
     """The control: the untouched solution passes every visible check of the table."""
-    namespace = vars(_base(lab))
+    namespace = _base(lab)
     for check_cell in sorted({row[4] for row in MISTAKES if row[0] == lab}):
         assert _failure(namespace, lab, check_cell) is None, check_cell
 
@@ -477,7 +452,7 @@ def test_demonstration_cell_reports_instead_of_crashing(mistake, cell, edits, de
     """The cell runs in this process: without the guard the first row corrupts the heap."""
     namespace = _with_solution(LAB08, cell, _inject(_cells(LAB08)[cell].source, edits))
     if demo == "lab08_compare_lab07":                 # the launcher and backward_case it uses
-        _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
+        lab_cells.execute(_cells(LAB08)["lab08_backward_launcher"].source, "<launcher>", namespace)
     message = _failure(namespace, LAB08, demo)
     assert message is not None, f"{mistake}: the cell ran without a word"
     for word in words:
@@ -486,7 +461,7 @@ def test_demonstration_cell_reports_instead_of_crashing(mistake, cell, edits, de
 
 def test_demonstration_cells_run_the_solution_quietly():
     namespace = _with_solution(LAB08, BACKWARD, _cells(LAB08)[BACKWARD].source)
-    _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
+    lab_cells.execute(_cells(LAB08)["lab08_backward_launcher"].source, "<launcher>", namespace)
     for demo in ("lab08_race_example", "lab08_compare_lab07"):
         assert _failure(namespace, LAB08, demo) is None, demo
 
@@ -528,7 +503,7 @@ def test_unwritten_stage_is_named_as_such(lab, cell, check_cell, words):
     namespace = _with_solution(lab, cell, source[:start] + "raise NotImplementedError()"
                                + source[end:])
     if check_cell == "lab08_compare_lab07":
-        _exec(_cells(LAB08)["lab08_backward_launcher"].source, namespace, "<launcher>")
+        lab_cells.execute(_cells(LAB08)["lab08_backward_launcher"].source, "<launcher>", namespace)
     message = _failure(namespace, lab, check_cell)
     assert message is not None and words in message, message
     assert "shape" not in message, message

@@ -6,7 +6,7 @@ that make it, the visible check cell that must catch it, and words that only the
 *hint* holds (the diagnosis: "x * W - 0.5", "not c <= W", "int64", ...), so that the test fails
 if the diagnosis were removed and the check only reported the wrong number.  The lab's setup,
 solution and given cells run in-process with the mistake in place, then the one visible check
-(not through nbgrader, to stay fast).
+(not through nbgrader, to stay fast), by the runner of ``lab_cells``.
 
 The table and the runner need nothing but torch and Triton, so that
 ``scripts/gpu/forward_labs_compiled.py`` runs the same rows compiled on a GPU.
@@ -14,18 +14,15 @@ The table and the runner need nothing but torch and Triton, so that
 from __future__ import annotations
 
 import ast
-import json
-import linecache
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
-ASSIGNMENTS = Path(__file__).resolve().parents[1] / "assignments"
-BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lab_cells  # noqa: E402  (the runner shared with the other mistake tables)
 
 L01, L02, L04, L05 = ("lab01_the_spec", "lab02_tensors_are_pointers", "lab04_hello_triton",
                       "lab05_forward_correct")
@@ -375,57 +372,24 @@ def _defines(source) -> bool:
 
 def cells(lab):
     """[(grade_id, nbgrader metadata, cell type, source)] of a lab's source notebook."""
-    nb = json.loads((ASSIGNMENTS / lab / f"{lab}.ipynb").read_text())
-    found = []
-    for cell in nb["cells"]:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-        found.append((meta.get("grade_id", ""), meta, cell["cell_type"], source))
-    return found
+    return [(c.grade_id, c.meta, c.kind, c.source) for c in lab_cells.cells(lab)]
 
 
-def visible_checks(lab):
-    return [gid for gid, meta, kind, source in cells(lab)
-            if kind == "code" and meta.get("grade") and BEGIN_HIDDEN not in source]
+visible_checks = lab_cells.visible_checks
 
 
 def namespace(lab, cell_id=None, replacements=()):
     """The lab's setup, solution and function-defining given cells run in a module of their
-    own (Triton needs each kernel's source: the cells go into linecache), with the mistake
-    ``replacements`` made in the solution cell ``cell_id``; returns the module's dict."""
-    module = types.ModuleType(f"{lab}_solution")
-    sys.modules[module.__name__] = module
-    found = cell_id is None
-    for index, (gid, meta, kind, source) in enumerate(cells(lab)):
-        if kind != "code" or meta.get("grade") or \
-                not (gid.endswith("_setup") or meta.get("solution") or _defines(source)):
-            continue
-        if gid == cell_id:
-            for old, new in replacements:
-                assert source.count(old) == 1, f"{cell_id}: {old!r} occurs {source.count(old)} times"
-                source = source.replace(old, new)
-            found = True
-        _exec(source, f"<{lab} cell {index}>", module.__dict__)
-    assert found, f"{lab}: no solution cell {cell_id}"
-    return module.__dict__
-
-
-def _exec(source, name, scope):
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-    exec(compile(source, name, "exec"), scope)                           # noqa: S102
+    own, with the mistake ``replacements`` made in the solution cell ``cell_id``; returns the
+    module's dict (``lab_cells.namespace``)."""
+    return lab_cells.namespace(lab, {cell_id: list(replacements)} if cell_id else None)
 
 
 def run_with_mistake(lab, cell_id, replacements, check_id):
     """Run the visible check ``check_id`` after the lab's cells with the mistake in place
     (``cell_id`` None: the solution as it is); returns the check's AssertionError message,
     None when it passed."""
-    scope = namespace(lab, cell_id, replacements)
-    source = next(src for gid, _, _, src in cells(lab) if gid == check_id)
-    try:
-        _exec(source, f"<{lab} {check_id}>", scope)
-    except AssertionError as exc:
-        return str(exc)
-    return None
+    return lab_cells.run_check(namespace(lab, cell_id, replacements), lab, check_id)
 
 
 @pytest.mark.parametrize("name, lab, cell_id, replacements, check_id, words", MISTAKES,
@@ -501,7 +465,7 @@ def test_demo_cells_run_student_code_under_the_guard(lab, cell_id, replacements,
     scope = namespace(lab, cell_id, replacements)
     source = next(src for gid, _, _, src in cells(lab) if gid == demo_id)
     capsys.readouterr()
-    _exec(source, f"<{lab} {demo_id}>", scope)           # must not raise (nor crash)
+    lab_cells.execute(source, f"<{lab} {demo_id}>", scope)   # must not raise (nor crash)
     out = capsys.readouterr().out
     for word in words:
         assert word in out, f"{word!r} not in the demo's output:\n{out}"

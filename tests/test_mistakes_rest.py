@@ -15,20 +15,17 @@ import ast
 import contextlib
 import importlib
 import io
-import linecache
 import re
 import sys
-import types
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nbgrader_helpers import BEGIN_HIDDEN, nbgrader_meta, source_notebook  # noqa: E402
+import lab_cells  # noqa: E402  (the runner shared with the other mistake tables)
 
 LABS = {"lab00": "lab00_the_idea", "lab03": "lab03_the_machine", "lab06": "lab06_make_it_fast",
         "lab09": "lab09_hardware_detective", "lab10": "lab10_ship_it"}
@@ -349,35 +346,19 @@ MISTAKES = [
 
 
 def _cells(lab):
-    nb = nbformat.read(source_notebook(LABS[lab]), as_version=4)
-    return [(nbgrader_meta(c).get("grade_id", ""), c) for c in nb.cells if c.cell_type == "code"]
+    return [(c.grade_id, c) for c in lab_cells.cells(LABS[lab]) if c.kind == "code"]
 
 
 def _run(source, name, namespace):
     """Execute a cell (Triton needs the source of each kernel: it goes into linecache)."""
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-    exec(compile(source, name, "exec"), namespace)   # noqa: S102
+    lab_cells.execute(source, name, namespace)
 
 
 def _namespace(lab, upto, changes=None):
     """The lab's setup, given and solution cells before the cell ``upto`` (a grade id), run in
     a module of their own; ``changes`` maps a solution cell to its substitutions."""
-    module = types.ModuleType(f"{LABS[lab]}_mistake")
-    sys.modules[module.__name__] = module
-    for index, (gid, cell) in enumerate(_cells(lab)):
-        if gid == upto:
-            break
-        meta = nbgrader_meta(cell)
-        if meta.get("grade") or gid.split("_", 1)[1].startswith(SKIP):
-            continue
-        source = cell.source
-        for change in (changes or {}).get(gid, []):
-            old, new, count = change if len(change) == 3 else (*change, 1)
-            assert source.count(old) == count, f"{gid}: {old!r} found {source.count(old)}x"
-            source = source.replace(old, new)
-        with contextlib.redirect_stdout(io.StringIO()):
-            _run(source, f"<{LABS[lab]} cell {index}>", module.__dict__)
-    return module.__dict__
+    return lab_cells.namespace(LABS[lab], changes, upto=upto, select=lab_cells.skipping(SKIP),
+                               quiet=True)
 
 
 def _visible(lab, check_cell):
@@ -402,8 +383,7 @@ def test_every_visible_check_passes_on_the_solution(lab):
     """The solution passes each visible cell, and each visible cell is nothing but calls of
     the lab's checks with a shown seed (or none), as the grader replays them."""
     namespace = _namespace(lab, None)
-    visible = [(gid, c.source) for gid, c in _cells(lab)
-               if nbgrader_meta(c).get("grade") and BEGIN_HIDDEN not in c.source]
+    visible = [(gid, c.source) for gid, c in _cells(lab) if c.visible_check]
     assert visible
     for gid, source in visible:
         for statement in ast.parse(source).body:
@@ -428,7 +408,7 @@ def test_visible_checks_replay_out_of_the_kernel(lab):
     namespace = _namespace(lab, None)
     module = importlib.import_module(f"autograde.checks.{lab}")
     for gid, cell in _cells(lab):
-        if not nbgrader_meta(cell).get("grade") or BEGIN_HIDDEN in cell.source:
+        if not cell.graded or cell.hidden:
             continue
         for statement in ast.parse(cell.source).body:
             call = statement.value

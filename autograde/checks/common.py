@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import sys
 import types
 
@@ -84,8 +85,179 @@ def forbidden_objects() -> dict:
     return found
 
 
-def _raiser(name: str):
-    message = f"graded function called the reference {name}: write this stage yourself"
+# ---------------------------------------------------------------- which chips a lab may call
+# One rule: graded code of lab N may call the chips of earlier labs that lab N's setup imports,
+# the names its grading kernel holds (``autograde.labs.KERNEL_VIEW``), and whatever those chips
+# call; never a chip of lab N or of a later lab, nor the course's reference
+# (``source_kernels.reference``, which lab 01's chips re-export), nor any other entry point of
+# the operator package.  The notebooks, the chips' docstrings and book/labs.md state the lists
+# ``chips_allowed`` returns (tests/test_chip_rule.py holds them to it).
+_CHIP = re.compile(r"^source_kernels\.chips\.lab(\d\d)$")
+_CHECKS = re.compile(r"^autograde\.checks\.lab(\d\d)$")
+REFERENCE_MODULE = "source_kernels.reference"
+
+
+def checking_lab():
+    """The number of the lab whose check module (``autograde.checks.labNN``) is running the
+    current call, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        match = _CHECKS.match(frame.f_globals.get("__name__", "") or "")
+        if match:
+            return int(match.group(1))
+        frame = frame.f_back
+    return None
+
+
+def _view_chips(lab: int) -> dict:
+    """{chip module: "*" | names} of earlier labs in lab ``lab``'s kernel view; in the grading
+    kernel (where ``autograde.labs`` is not in the view) the chip modules it holds, which are
+    that view by construction."""
+    try:
+        from autograde.labs import KERNEL_VIEW
+    except ImportError:
+        return {name: "*" for name in sys.modules
+                if _CHIP.match(name) and int(_CHIP.match(name).group(1)) < lab}
+    chips = {}
+    for module, names in KERNEL_VIEW.get(lab, {}).items():
+        match = _CHIP.match(module)
+        if match and int(match.group(1)) < lab:
+            chips[module] = names
+    return chips
+
+
+def _chip_names(module: str, names) -> list:
+    if names != "*":
+        return list(names)
+    loaded = sys.modules.get(module)
+    if loaded is None:
+        import importlib
+        loaded = importlib.import_module(module)
+    return list(getattr(loaded, "__all__", [n for n in vars(loaded) if not n.startswith("_")]))
+
+
+def _depends(obj, seen=None) -> list:
+    """The functions, kernels and classes of ``source_kernels`` that ``obj`` reaches
+    (transitively) through the names its code uses, its default arguments, its closure and the
+    attributes of course modules it names: what a chip needs to run."""
+    seen = {} if seen is None else seen
+    if id(obj) in seen:
+        return list(seen.values())
+    seen[id(obj)] = obj
+    functions = []
+    if _is_kernel(obj):
+        obj = obj.fn
+    if inspect.isfunction(obj):
+        functions.append(obj)
+    elif inspect.isclass(obj):
+        for member in vars(obj).values():
+            member = getattr(member, "__func__", member)
+            if inspect.isfunction(member):
+                functions.append(member)
+
+    def follow(target):
+        if target is not None and id(target) not in seen and \
+                (inspect.isfunction(target) or inspect.isclass(target) or _is_kernel(target)) \
+                and _defined_in_forbidden(target):
+            _depends(target, seen)
+
+    for fn in functions:
+        for value in list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values()):
+            follow(value)
+        for cell in fn.__closure__ or ():
+            try:
+                follow(cell.cell_contents)
+            except ValueError:                      # an empty cell
+                pass
+        scope = fn.__globals__
+        stack, names = [fn.__code__], set()
+        while stack:
+            current = stack.pop()
+            stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+            names.update(current.co_names)
+        modules = [v for v in scope.values() if isinstance(v, types.ModuleType)
+                   and _is_forbidden_module(v.__name__)]
+        modules += [m for n, m in list(sys.modules.items())      # imported inside the code
+                    if m is not None and _is_forbidden_module(n)
+                    and (n in names or n.rsplit(".", 1)[-1] in names)]
+        for name in names:
+            follow(scope.get(name))
+            for module in modules:                  # module.attribute
+                follow(getattr(module, name, None))
+    return list(seen.values())
+
+
+def _module_of(obj) -> str:
+    return getattr(obj.fn if _is_kernel(obj) else obj, "__module__", "") or ""
+
+
+def chips_allowed(lab) -> list:
+    """The chips graded code of lab ``lab`` may call, as dotted names
+    (``source_kernels.chips.lab04.bilinear_sample_triton``), in lab order; a chip that is the
+    course's reference or calls it is not among them.  None for no lab: every chip is
+    forbidden."""
+    if lab is None:
+        return []
+    import importlib
+
+    allowed = []
+    for module, names in sorted(_view_chips(lab).items()):
+        try:
+            loaded = sys.modules.get(module) or importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in _chip_names(module, names):
+            obj = getattr(loaded, name, None)
+            if not (inspect.isfunction(obj) or inspect.isclass(obj) or _is_kernel(obj)):
+                continue
+            if any(_module_of(dep) == REFERENCE_MODULE for dep in _depends(obj)):
+                continue
+            allowed.append(f"{module}.{name}")
+    return allowed
+
+
+def chips_allowed_text(lab) -> str:
+    """``chips_allowed(lab)`` in words, a whole chip module said once: "`source_kernels.chips.
+    lab05` (all of it), `source_kernels.chips.lab03.gather_traffic`"; "none" when empty."""
+    allowed = chips_allowed(lab)
+    if not allowed:
+        return "none"
+    parts = []
+    for module, names in sorted(_view_chips(lab).items()):
+        mine = [a for a in allowed if a.rsplit(".", 1)[0] == module]
+        if not mine:
+            continue
+        if names == "*" and len(mine) == len(_chip_names(module, names)):
+            parts.append(f"`{module}` (all of it)")
+        else:
+            parts.extend(f"`{a}`" for a in mine)
+    return ", ".join(parts)
+
+
+def chip_rule(lab) -> str:
+    """The rule in words, for lab ``lab``: what a check says when a graded function breaks it."""
+    if lab is None:
+        return "a graded function may call no chip and never the course's reference"
+    allowed = chips_allowed_text(lab)
+    if allowed == "none":
+        return f"in lab {lab:02d} a graded function may call no chip and never the course's reference"
+    return (f"in lab {lab:02d} a graded function may call only these chips of earlier labs, and "
+            f"never the course's reference: {allowed}")
+
+
+def _allowed_chip_ids(lab) -> set:
+    """ids of the objects ``chips_allowed(lab)`` names and of everything they call."""
+    ids = set()
+    for dotted in chips_allowed(lab):
+        module, name = dotted.rsplit(".", 1)
+        obj = getattr(sys.modules.get(module), name, None)
+        if obj is not None:
+            ids.update(id(dep) for dep in _depends(obj))
+    return ids
+
+
+def _raiser(name: str, rule: str | None = None):
+    message = _message(name, rule)
 
     def raise_reference_called(*args, **kwargs):
         raise ReferenceCalled(message)
@@ -94,10 +266,16 @@ def _raiser(name: str):
     return raise_reference_called
 
 
-def _code_raiser(name: str) -> types.CodeType:
+def _message(name: str, rule: str | None) -> str:
+    what = "the chip" if _CHIP.match(name.rsplit(".", 1)[0]) else "the reference"
+    message = f"graded function called {what} {name}: write this stage yourself"
+    return f"{message} ({rule})" if rule else message
+
+
+def _code_raiser(name: str, rule: str | None = None) -> types.CodeType:
     """A code object with no free variables and no globals, which raises AssertionError
     (a builtin, so it resolves from whichever module's globals the function carries)."""
-    message = f"graded function called the reference {name}: write this stage yourself"
+    message = _message(name, rule)
     namespace = {}
     exec(f"def _f(*args, **kwargs):\n    raise AssertionError({message!r})\n", namespace)
     return namespace["_f"].__code__
@@ -124,7 +302,8 @@ def forbid_references(*student_functions, allow=(), writes=(), share_inputs=Fals
     function gets a private copy of it (``share_inputs=True``: the check's own tensor, for a
     check that changes it between two calls on purpose), and a call that writes into an
     input fails, naming it (``recording.InputChanged``)."""
-    with recording.session(student_functions, allow=allow, writes=writes,
+    chips = tuple(chips_allowed(checking_lab()))     # the lab's chips: the grader's scan too
+    with recording.session(student_functions, allow=tuple(allow) + chips, writes=writes,
                            share_inputs=share_inputs) as replaying:
         if replaying:
             yield
@@ -140,8 +319,11 @@ def _allowed(obj, allow) -> bool:
 
 @contextlib.contextmanager
 def _forbid_in_kernel(*student_functions, allow=()):
+    lab = checking_lab()
+    rule = chip_rule(lab) if lab is not None else None
+    chips = _allowed_chip_ids(lab) if lab is not None else set()
     objects = {key: (name, obj) for key, (name, obj) in forbidden_objects().items()
-               if not _allowed(obj, allow)}
+               if not _allowed(obj, allow) and key not in chips}
     undo = []
 
     def patch(target, attr, replacement, setter=setattr):
@@ -154,7 +336,7 @@ def _forbid_in_kernel(*student_functions, allow=()):
             undo.append(lambda: setattr(target, attr, old))
 
     try:
-        raisers = {key: _raiser(name) for key, (name, _) in objects.items()}
+        raisers = {key: _raiser(name, rule) for key, (name, _) in objects.items()}
         # 1. module attributes of source_kernels and its chips
         for mod_name, module in list(sys.modules.items()):
             if module is None or not _is_forbidden_module(mod_name):
@@ -181,7 +363,7 @@ def _forbid_in_kernel(*student_functions, allow=()):
         for name, obj in objects.values():
             if inspect.isfunction(obj) and not obj.__code__.co_freevars:
                 old_code = obj.__code__
-                obj.__code__ = _code_raiser(name)
+                obj.__code__ = _code_raiser(name, rule)
                 undo.append(lambda obj=obj, code=old_code: setattr(obj, "__code__", code))
             elif _is_kernel(obj):
                 obj.run = raisers[id(obj)]      # kernel[grid](...) calls self.run

@@ -724,6 +724,7 @@ def factor_hint(got, expected, atol):
 
 
 def _probe_hint(got, expected, args, label, term, atol, heads):
+    from . import _operator
     batch, queries, width = expected.shape
     channels = width // heads
     shape = (batch, queries, heads, channels)

@@ -7,6 +7,9 @@ Conventions (those of ``source_kernels.reference``): sampling locations are (x, 
 of the feature map, bilinear with zero padding and ``align_corners=False``.  Offsets predicted
 by a layer are in pixels of each level and divided by (W_l, H_l) before they are added to the
 query's reference point.
+
+Graded code may call these chips in no lab: they answer lab 00, and a graded function that
+calls one fails its check (book/labs.md, the chips your graded code may call).
 """
 from __future__ import annotations
 

@@ -3,6 +3,10 @@
 A contiguous tensor is one run of memory plus a rule that turns an index into an offset:
 ``offset = sum(index[i] * stride[i])`` with ``stride[-1] = 1`` and
 ``stride[i] = stride[i + 1] * shape[i + 1]``.  A kernel sees nothing else.
+
+Graded code may call these chips in lab 03 (``contiguous_strides``, ``flat_offset``) only; in
+lab 02 itself and in every other lab a graded function that calls one fails its check
+(book/labs.md, the chips your graded code may call).
 """
 from __future__ import annotations
 

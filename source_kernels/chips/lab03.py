@@ -14,6 +14,10 @@ lanes:
   neighbouring lanes read neighbouring channels of one row;
 - ``"narrow"``: each lane owns one row of a group of 32 rows, and the warp walks the
   channels one instruction per channel.
+
+Graded code may call these chips in lab 04 (``gather_traffic``), lab 06 (``gather_traffic``)
+only; in lab 03 itself and in every other lab a graded function that calls one fails its check
+(book/labs.md, the chips your graded code may call).
 """
 from __future__ import annotations
 

@@ -2,6 +2,10 @@
 
 Import ``source_kernels`` before this module on a machine without a GPU: it switches Triton
 to its CPU interpreter, which has to happen before ``@triton.jit`` runs.
+
+Graded code may call these chips in lab 05 (``bilinear_sample_triton``) only; in lab 04 itself
+and in every other lab a graded function that calls one fails its check (book/labs.md, the
+chips your graded code may call).
 """
 from __future__ import annotations
 
@@ -106,9 +110,15 @@ def bilinear_kernel(image_ptr, loc_ptr, out_ptr, N, H, W, D,
     y0f = tl.floor(y_im)
     dx = x_im - x0f
     dy = y_im - y0f
-    # clamp before the int cast, so that a location far outside cannot overflow int32
-    x0 = tl.minimum(tl.maximum(x0f, -2.0), W + 1.0).to(tl.int32)
-    y0 = tl.minimum(tl.maximum(y0f, -2.0), H + 1.0).to(tl.int32)
+    # clamp to [-2, size + 1] before the int cast, so that a location far outside cannot
+    # overflow int32; comparisons, as lab 05 teaches: a NaN fails both tests and becomes -2
+    # (tl.maximum/tl.minimum let NaN through in the interpreter)
+    x0f = tl.where(x0f > -2.0, x0f, -2.0)
+    x0f = tl.where(x0f < W + 1.0, x0f, W + 1.0)
+    y0f = tl.where(y0f > -2.0, y0f, -2.0)
+    y0f = tl.where(y0f < H + 1.0, y0f, H + 1.0)
+    x0 = x0f.to(tl.int32)
+    y0 = y0f.to(tl.int32)
     acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     for corner in tl.static_range(4):
         row = y0 + corner // 2                      # corners (y0,x0) (y0,x1) (y1,x0) (y1,x1)

@@ -6,7 +6,7 @@ lab's four helpers.
 - ``msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
   attention_weights)``: its launcher on validated, contiguous inputs, (B, Q, M*D);
 - ``forward_config(channels, dtype)``: the launch configuration (BLOCK_Q, num_warps) it uses;
-- the lab's ``@triton.jit`` helpers, which a kernel of your own can call:
+- the lab's ``@triton.jit`` helpers, which a kernel of lab 06 or lab 10 may call:
   ``corner_coordinate(loc, size)`` -> (first corner, clamped to [-2, size + 1], int32; the
   fraction past it), ``level_row(start, r, c, H, W)`` -> start + r*W + c,
   ``value_offset(b, s, m, S, M, D)`` -> ((b*S + s)*M + m)*D in int64, and
@@ -15,6 +15,10 @@ lab's four helpers.
 
 Import ``source_kernels`` before this module on a machine without a GPU (it switches Triton to
 its interpreter); importing this module does it for you.
+
+Graded code may call these chips in lab 06 (all of them), lab 10 (all of them) only; in lab 05
+itself and in every other lab a graded function that calls one fails its check (book/labs.md,
+the chips your graded code may call).
 """
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 from source_kernels.forward import _msda_forward_kernel as msda_forward_kernel

@@ -11,6 +11,9 @@
 
 Import ``source_kernels`` before this module on a machine without a GPU; importing this
 module does it for you.
+
+Graded code may call these chips in no lab: they answer lab 06, and a graded function that
+calls one fails its check (book/labs.md, the chips your graded code may call).
 """
 from __future__ import annotations
 

@@ -12,6 +12,11 @@ The factors W and H come from the chain rule through the pixel coordinate x * W 
 
 ``sample_corners`` gathers what all three need; the gradient functions take the operator's
 arguments plus ``grad_output`` (B, Q, M*D) and return tensors in the dtype of ``value``.
+
+Graded code may call these chips in lab 08 (``grad_attention_weights``,
+``grad_sampling_locations``, ``grad_value``, ``sample_corners``) only; in lab 07 itself and in
+every other lab a graded function that calls one fails its check (book/labs.md, the chips your
+graded code may call).
 """
 from __future__ import annotations
 

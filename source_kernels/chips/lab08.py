@@ -20,6 +20,10 @@ in place of a gradient.
   load-add-store and atomic (``scripts/gpu/lab08_race.py`` times them on a GPU).
 - ``msda_backward_kernel``, ``msda_backward(...)``: the course's backward kernel (grad_value
   by atomics) and its launcher (``source_kernels.backward``).
+
+Graded code may call these chips in lab 10 (all of them) only; in lab 08 itself and in every
+other lab a graded function that calls one fails its check (book/labs.md, the chips your graded
+code may call).
 """
 from __future__ import annotations
 

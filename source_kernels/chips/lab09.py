@@ -7,6 +7,9 @@
 - ``fp32_accum_default(dtype, capability)``: whether grad_value should be accumulated in an fp32
   buffer (the rule of ``source_kernels.backward.default_fp32_grad_accum``, for a given GPU);
 - ``fp32_buffer_cost(value_shape, dtype)``: the bytes that buffer costs.
+
+Graded code may call these chips in no lab: they answer lab 09, and a graded function that
+calls one fails its check (book/labs.md, the chips your graded code may call).
 """
 from __future__ import annotations
 
