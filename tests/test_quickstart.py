@@ -33,10 +33,7 @@ MAKE = shutil.which("make")
 PAGES = [REPO / "book" / name for name in ("labs.md", "instructors.md", "operator.md",
                                            "measurements.md")]
 
-sys.path.insert(0, str(REPO / "scripts"))
-import quickstart  # noqa: E402
-
-sys.path.pop(0)
+import quickstart  # scripts/, on pytest's pythonpath (pyproject.toml)
 
 needs_make = pytest.mark.skipif(MAKE is None, reason="needs make (sudo apt-get install make)")
 
@@ -113,11 +110,7 @@ def test_ci_runs_the_readme_test_command_as_written(tmp_path):
 
 
 def test_the_book_test_builds_with_the_readme_book_command():
-    sys.path.insert(0, str(REPO / "tests"))
-    try:
-        import test_book
-    finally:
-        sys.path.pop(0)
+    import test_book
     written = shlex.split(quickstart.commands()["book"])
     assert test_book._readme_book_command()[:len(written)] == written
 
