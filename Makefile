@@ -1,10 +1,22 @@
-# The README's quick start is two commands:  `make book`  and  `make test`.
-# Both create .venv (if needed) from requirements.txt first.  `make lab` starts JupyterLab.
+# The README's quick start:  `make book`  (build the book to read),  `make test-fast`  (the
+# unit tests, a few minutes)  and  `make test`  (the whole suite, what CI runs).  Each creates
+# .venv (if needed) from requirements.txt first.  `make lab` starts JupyterLab.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUN    := PATH="$(abspath $(BIN)):$$PATH"
+
+# PyTorch's wheels from another index, for example its CPU-only build on a machine without a
+# GPU:  make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (PyPI's torch is the CUDA build, which brings about 2.7 GB of nvidia-* packages). Only the
+# torch wheel comes from that index, at the version requirements.txt pins; everything else,
+# torch's own dependencies included, comes from the usual index.
+TORCH_INDEX ?=
+TORCH_PIN    = $(shell sed -n 's/^\(torch==[^ ]*\).*/\1/p' requirements.txt)
+# setuptools announces every editable install with a multi-line notice ("Editable installation
+# ... folders with the same name as your package"); the course's layout is the one it means.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 # System packages some tests use, installed by `make test` where it can (root and apt-get):
 #   bubblewrap  the grading sandbox (tests/test_grading.py runs student code under bwrap)
@@ -12,32 +24,54 @@ RUN    := PATH="$(abspath $(BIN)):$$PATH"
 #   acl         the course hub's test (tests/test_hub.py): other accounts reach the environment
 # Elsewhere the tests that need one skip, naming the command that installs it.
 SYSTEM_PACKAGES := bubblewrap:bwrap chromium:chromium acl:setfacl
+# Seconds apt-get waits for the package manager's lock (another apt-get, unattended upgrades).
+APT_LOCK_WAIT ?= 300
 
-.PHONY: setup system-packages book test lab clean hub hub-stop gpu-check gpu-wheels
+# The unit tests: no browser, no grading run, no book build, nothing slow, nothing for a GPU
+# (the markers are set in tests/conftest.py and listed in pyproject.toml).
+FAST_TESTS := not slow and not gpu and not book and not browser and not grading
+
+.PHONY: setup system-packages book test test-fast lab lab-instructor clean hub hub-stop \
+        gpu-check gpu-wheels
 
 $(STAMP): requirements.txt pyproject.toml scripts/ipython_kernel_config.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet -r requirements.txt
-	$(BIN)/pip install --quiet --no-deps -e .
+	@echo "make: installing the course's Python packages into $(VENV); README.md says how much" \
+	      "it downloads and how long it takes"
+ifneq ($(TORCH_INDEX),)
+	$(BIN)/pip install --progress-bar on --no-deps --index-url $(TORCH_INDEX) "$(TORCH_PIN)"
+endif
+	$(BIN)/pip install --progress-bar on -r requirements.txt
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet --no-deps -e .
 	mkdir -p $(VENV)/etc/ipython
 	cp scripts/ipython_kernel_config.py $(VENV)/etc/ipython/ipython_kernel_config.py
 	touch $(STAMP)
 
 setup: $(STAMP)
 
-# Debian/Ubuntu packages, one at a time so that one unavailable package does not stop the other.
+# Debian/Ubuntu packages, one at a time so that one unavailable package does not stop the
+# others; apt-get waits for the package manager's lock, and what is there afterwards is what
+# is reported (another process may install a package meanwhile, or apt-get may fail).
 system-packages:
 	@for entry in $(SYSTEM_PACKAGES); do \
 	  package=$${entry%%:*}; program=$${entry##*:}; \
 	  command -v $$program >/dev/null 2>&1 && continue; \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "make: installing the system package $$package (apt-get)"; \
+	    echo "make: installing the system package $$package (apt-get, waiting up to" \
+	         "$(APT_LOCK_WAIT) s for the package manager's lock)"; \
 	    log=$$(mktemp); \
-	    { [ -n "$$updated" ] || { apt-get update -qq && updated=1; }; } >"$$log" 2>&1; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$package >>"$$log" 2>&1 \
-	      || { tail -n 5 "$$log"; \
-	           echo "make: could not install $$package; the tests that need it will skip"; }; \
+	    { [ -n "$$updated" ] || { apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT) update -qq \
+	                              && updated=1; }; } >"$$log" 2>&1; \
+	    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT) \
+	      install -y -qq $$package >>"$$log" 2>&1; status=$$?; \
+	    if command -v $$program >/dev/null 2>&1; then \
+	      echo "make: $$package is installed ($$(command -v $$program))"; \
+	    else \
+	      tail -n 5 "$$log"; \
+	      echo "make: $$package is not installed (apt-get exit $$status); the tests that" \
+	           "need it will skip"; \
+	    fi; \
 	    rm -f "$$log"; \
 	  else \
 	    echo "make: $$package is not installed; the tests that need it will skip" \
@@ -49,23 +83,31 @@ system-packages:
 book: $(STAMP)
 	$(RUN) $(BIN)/jupyter-book build book
 
-# The whole test suite; GPU-only tests skip themselves without a GPU.
+# The whole test suite, as CI runs it; GPU-only tests skip themselves without a GPU.
 test: $(STAMP) system-packages
 	$(RUN) $(BIN)/python -m pytest
+
+# The unit tests only (FAST_TESTS above); needs no system package.
+test-fast: $(STAMP)
+	$(RUN) $(BIN)/python -m pytest -m "$(FAST_TESTS)" -q
 
 # JupyterLab on the course, from the course's environment (root needs --allow-root), serving
 # the repository root: nbgrader's extensions need the course directory inside the server's root.
 # `make lab LAB=lab00_the_idea` first makes the lab's student version (release/, if missing)
-# and opens it.
+# and opens it.  `make lab` is the student's JupyterLab: scripts/jupyter/student turns off
+# nbgrader's instructor tools (Create Assignment, formgrader, courses) and the news popup
+# (scripts/jupyter/README.md); `make lab-instructor` keeps everything nbgrader installs.
 LAB ?=
-lab: $(STAMP)
+STUDENT_LAB := JUPYTER_CONFIG_PATH="$(CURDIR)/scripts/jupyter/student$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}"
+JUPYTER_LAB = $(RUN) PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(BIN)/jupyter lab \
+	  --ServerApp.root_dir="$(CURDIR)" $(if $(LAB),release/$(LAB)/$(LAB).ipynb) \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+lab lab-instructor: $(STAMP)
 ifneq ($(LAB),)
 	@test -f release/$(LAB)/$(LAB).ipynb || \
 	  $(RUN) $(BIN)/nbgrader generate_assignment $(LAB) --log-level=WARN
 endif
-	$(RUN) PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(BIN)/jupyter lab \
-	  --ServerApp.root_dir="$(CURDIR)" $(if $(LAB),release/$(LAB)/$(LAB).ipynb) \
-	  $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+	$(if $(filter lab,$@),$(STUDENT_LAB)) $(JUPYTER_LAB)
 
 clean:
 	rm -rf _build release submitted autograded feedback autograde_status

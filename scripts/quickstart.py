@@ -1,6 +1,6 @@
-"""The README's quick start, read from README.md: the command that builds the book and the
-command that runs the tests, in that order, in the first ```bash block under
-"## Quick start".
+"""The README's quick start, read from README.md: the command that builds the book, the fast
+check (the unit tests) and the command that runs the whole suite, in that order, in the first
+```bash block under "## Quick start".
 
 CI (.ci/run) runs the test command from here and tests/test_book.py builds the book with the
 book command, so both run exactly as the README writes them.  From a shell:
@@ -15,11 +15,12 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 HEADING = "## Quick start"
-ROLES = ("book", "test")
+ROLES = ("book", "test-fast", "test")
 
 
 def commands(readme: Path = README) -> dict[str, str]:
-    """{"book": ..., "test": ...}: the quick start's two commands, comments stripped."""
+    """{"book": ..., "test-fast": ..., "test": ...}: the quick start's commands, comments
+    stripped."""
     text = readme.read_text(encoding="utf-8")
     if HEADING not in text:
         raise ValueError(f"{readme.name} has no '{HEADING}' section")
@@ -30,8 +31,8 @@ def commands(readme: Path = README) -> dict[str, str]:
     lines = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
     lines = [line for line in lines if line]
     if len(lines) != len(ROLES):
-        raise ValueError(f"the quick start should hold {len(ROLES)} commands (book, then "
-                         f"tests), it holds {len(lines)}: {lines}")
+        raise ValueError(f"the quick start should hold {len(ROLES)} commands ({', '.join(ROLES)}"
+                         f"), it holds {len(lines)}: {lines}")
     return dict(zip(ROLES, lines))
 
 

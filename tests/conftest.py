@@ -43,7 +43,35 @@ def require_grading_sandbox() -> None:
     require_system_package("bubblewrap")
 
 
+# What the end-to-end modules do besides unit testing, as markers (pyproject.toml lists them):
+#   book     builds the Jupyter Book (or a small book) with jupyter-book
+#   browser  drives Debian's Chromium (Playwright)
+#   grading  runs the real grading commands (nbgrader autograde, python -m autograde grade,
+#            the course hub) on whole notebooks
+# `make test-fast` deselects these, `slow` and `gpu`: what is left are the unit tests, which
+# need no browser, no grading run and no book build.  A module of end-to-end tests names
+# itself here (or sets ``pytestmark``); a new module of unit tests needs nothing.
+END_TO_END = {
+    "test_book.py": ("book",),
+    "test_book_results.py": ("book",),        # executes the measuring chapters
+    "test_browser.py": ("book", "browser"),
+    "test_cheats.py": ("grading",),
+    "test_feedback.py": ("grading", "browser"),
+    "test_grading.py": ("grading",),
+    "test_grading_isolation.py": ("grading",),
+    "test_hub.py": ("grading", "browser"),
+    "test_hub_bad_input.py": ("grading",),
+    "test_jupyterlab.py": ("browser", "grading"),
+    "test_labs_00_04.py": ("grading",),
+    "test_labs_05_10.py": ("grading",),
+    "test_as_a_user.py": ("grading",),
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in END_TO_END.get(item.path.name, ()):
+            item.add_marker(getattr(pytest.mark, name))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (the Triton "
@@ -51,3 +79,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _book_builds_keep_their_temporary_files(request, tmp_path_factory, monkeypatch):
+    """A book build that is meant to fail (tests/test_book.py) makes Sphinx save its traceback
+    to a ``sphinx-err-*.log`` in the temporary folder: for the tests that build books, that
+    folder is one of pytest's (kept for the last few runs, like tmp_path), not the host's /tmp."""
+    if request.node.get_closest_marker("book") is not None:
+        monkeypatch.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmpdir")))

@@ -18,6 +18,8 @@ that the repository never gets a gradebook, release/ or autograded/ folder:
 from __future__ import annotations
 
 import concurrent.futures as _futures
+import functools
+import json
 import multiprocessing
 import os
 import shutil
@@ -47,6 +49,34 @@ def nbgrader_env() -> dict:
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("MPLBACKEND", "Agg")
     return env
+
+
+@functools.lru_cache(maxsize=None)
+def grading_sandbox() -> tuple:
+    """``(True, "")`` where grading kernels can be sandboxed on this host (root and bubblewrap),
+    else ``(False, why)``: ``autograde.sandbox.sandbox_available``, asked once per run."""
+    from autograde.sandbox import sandbox_available
+
+    return sandbox_available()
+
+
+def unsandboxed_grading_config() -> str:
+    """The config line that lets a test course grade without the sandbox where the sandbox
+    cannot run (an ordinary user, or no bubblewrap), else ``""``.
+
+    The course's own config requires the sandbox on Linux (``AutogradeSettings.require_sandbox``
+    unset), so an ordinary user's ``make test`` would stop every lab test in its set-up.  The
+    lab and feedback tests check what the labs teach and score, not the isolation (the sandbox
+    has tests of its own, tests/test_grading*.py, which skip without it): graded without the
+    sandbox they still run, on notebooks the course itself wrote.  In CI as root the sandbox
+    must be there (`make test` installs bubblewrap), so no line is added and a missing sandbox
+    fails loudly instead."""
+    available, why = grading_sandbox()
+    if available or (os.environ.get("CI") and os.geteuid() == 0):
+        return ""
+    return ("# the grading sandbox is unavailable here (" + why.replace("\n", " ") + "):\n"
+            "# the course's own notebooks are graded without it\n"
+            "c.AutogradeSettings.sandbox = 'none'\n")
 
 
 def run_checked(args, cwd, *, env=None, timeout=600, check=True) -> subprocess.CompletedProcess:
@@ -87,6 +117,7 @@ def make_course(course_dir, labs) -> Path:
     course_dir.mkdir(parents=True, exist_ok=True)
     config = (REPO_ROOT / "nbgrader_config.py").read_text()
     config += f"\n# added by tests/nbgrader_helpers.py\nc.CourseDirectory.root = {str(course_dir)!r}\n"
+    config += unsandboxed_grading_config()
     (course_dir / "nbgrader_config.py").write_text(config)
     for lab in ([labs] if isinstance(labs, str) else labs):
         target = course_dir / "assignments" / lab
@@ -329,6 +360,66 @@ def autograde_scores(lab: str, notebook_path, course_dir, student=SOLUTION_STUDE
     """Autograde ``notebook_path`` as ``student``'s submission of ``lab`` (its release must
     have been generated in ``course_dir``); returns ``read_scores``'s dict."""
     return autograde_many(course_dir, {(lab, student): notebook_path})[(lab, student)]
+
+
+# ---------------------------------------------------------------------------- kernel uids
+# A grading kernel runs as a uid of the host-wide pool (autograde/uids.py), which every grading
+# command on the host shares: a test checks the uids and processes of its own run only.
+POOL_BASE = 64123      # AutogradeSettings.kernel_uid's default
+POOL_COUNT = 256       # AutogradeSettings.kernel_uid_count's default
+
+
+def in_uid_pool(uid, base=POOL_BASE, count=POOL_COUNT) -> bool:
+    return base <= int(uid) < base + count
+
+
+def pool_processes(base=POOL_BASE, count=POOL_COUNT) -> list:
+    """A snapshot of the host's processes whose real uid is in the kernel uid pool, whoever
+    started them: [(uid, pid, started, command line)], ``started`` in seconds since the epoch
+    (from /proc/PID/stat, to a clock tick)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as fh:
+                uid = next(int(line.split()[1]) for line in fh if line.startswith("Uid:"))
+            if not in_uid_pool(uid, base, count):
+                continue
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                args = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, StopIteration, IndexError):
+            continue                                   # gone meanwhile
+        found.append((uid, int(name), boot + int(fields[19]) / ticks, args))
+    return found
+
+
+def ledger_kernels(course_dir, assignment) -> list:
+    """[(uid, start, end)] of every grading kernel the course's ledgers record
+    (autograde_status/<assignment>/<student>.json); a kernel with no end yet ends now."""
+    folder = Path(course_dir) / "autograde_status" / assignment
+    kernels = []
+    for path in sorted(folder.glob("*.json")):
+        entry = json.loads(path.read_text())
+        for notebook in (entry.get("notebooks") or {}).values():
+            for kernel in notebook.get("kernels", []):
+                kernels.append((kernel["uid"], kernel["start"], kernel.get("end", time.time())))
+    return kernels
+
+
+def own_processes(snapshot, kernels) -> list:
+    """The processes of ``snapshot`` (``pool_processes``) that one of ``kernels``
+    (``ledger_kernels``) left: the same uid, started while that kernel held it.  A uid is one
+    kernel's from its lease to its release, so a process of the uid started in that time is
+    that kernel's; another command's kernel of the same uid, before or after, is not counted.
+    (A start time is floored to a clock tick: 20 ms of slack at the start.)"""
+    return [proc for proc in snapshot
+            if any(proc[0] == uid and start - 0.02 <= proc[2] <= end
+                   for uid, start, end in kernels)]
 
 
 # ---------------------------------------------------------------------------- all at once

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,13 +35,13 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import require_grading_sandbox
-from nbgrader_helpers import run_checked, synthetic_class_generator
+from nbgrader_helpers import (in_uid_pool, ledger_kernels, own_processes, pool_processes,
+                              run_checked, synthetic_class_generator)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "course"
 VENV_BIN = Path(sys.executable).parent
 ASSIGNMENT = "labfx"
-UID_BASE = 64123
 
 # student: (score out of 9 or None for no score, status, substrings of the reasons)
 EXPECTED = {
@@ -119,10 +120,12 @@ def _report(course):
     return {r["student_id"]: r for r in rows}
 
 
-def _kernel_processes():
-    out = subprocess.run(["ps", "-eo", "uid=,pid=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines()
-            if line.split() and UID_BASE <= int(line.split()[0]) < UID_BASE + 64]
+def _left_by(snapshot, *courses):
+    """The processes of a ``pool_processes`` snapshot that the kernels of ``courses`` left
+    (other grading on the host runs kernels of the same uid pool, before, during and after)."""
+    kernels = [k for course in courses for k in ledger_kernels(course, ASSIGNMENT)]
+    assert kernels, f"no kernel recorded in the ledgers of {courses}"
+    return [f"{uid} {pid} {args}" for uid, pid, _, args in own_processes(snapshot, kernels)]
 
 
 class _Canary:
@@ -185,7 +188,7 @@ def graded(tmp_path_factory):
     failed = {line.split("for student '")[1].split("'")[0]
               for line in sequential.stderr.splitlines() if "for student '" in line}
     assert failed == {"corrupt_json", "missing_notebook"}, sequential.stderr[-3000:]
-    leftover_after_seq = _kernel_processes()
+    pool_after_seq = pool_processes()
 
     # the parallel command, killed once a few submissions are done, then run again
     ledger = par / "autograde_status" / ASSIGNMENT
@@ -218,7 +221,8 @@ def graded(tmp_path_factory):
         "seq_report": _report(seq), "par_report": _report(par), "canary": canary.contacts,
         "done_before_kill": done_first, "resume": json.loads(summary_path.read_text()),
         "par_ledger": {p.stem: json.loads(p.read_text()) for p in ledger.glob("*.json")},
-        "leftover_after_seq": leftover_after_seq, "leftover_after_par": _kernel_processes(),
+        "leftover_after_seq": _left_by(pool_after_seq, seq),
+        "leftover_after_par": _left_by(pool_processes(), par),
         "seconds": {"sequential": seq_seconds, "resume": resume_seconds},
     }
     print(f"\nsequential autograde: {seq_seconds:.1f} s; resumed parallel run: "
@@ -262,8 +266,11 @@ def test_parallel_command_gives_the_sequential_scores_and_resumes(graded):
 
 @pytest.mark.slow
 def test_the_log_names_the_grading_environment(graded):
-    assert "grading environment: CPU (Triton interpreter, TRITON_INTERPRET=1; the kernel sees " \
-           "no GPU) | bubblewrap sandbox as uid 64123" in graded["sequential_log"]
+    # the uid is the first free one of the host's pool (another grading run may hold 64123)
+    found = re.search(r"grading environment: CPU \(Triton interpreter, TRITON_INTERPRET=1; the "
+                      r"kernel sees no GPU\) \| bubblewrap sandbox as uid (\d+)",
+                      graded["sequential_log"])
+    assert found and in_uid_pool(found.group(1)), graded["sequential_log"][-3000:]
 
 
 def _cell(course, student, gid):
@@ -404,7 +411,9 @@ def test_sandbox_probe_reports_no_network_no_course_files(tmp_path):
     shutil.copytree(FIXTURE, course)
     (course / "gradebook.db").write_text("x")
     result = probe(str(course), AutogradeSettings(sandbox="bwrap"), environment="cpu")
-    assert result["uid"] == UID_BASE
+    # a uid of the host's pool, as a grading kernel gets one (the first free one: not
+    # necessarily 64123 while other grading runs on the host)
+    assert in_uid_pool(result["uid"]) and result["uid"] != os.getuid(), result["uid"]
     assert result["dns"].startswith("fails")
     assert result["loopback to the grader"].startswith("unreachable")
     assert not result["grader saw a connection"]

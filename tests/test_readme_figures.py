@@ -11,7 +11,9 @@ it names:
 - grading throughput on a CPU: results/grading_throughput.json.
 
 The page and the README also say which torch and Triton the GPU figures were measured with
-and which ones requirements.txt pins; both are checked against the files.
+and which ones requirements.txt pins; both are checked against the files.  The README's quick
+start gives the CPU-only setup's downloads (results/setup_downloads_cpu.json) and how long the
+book and the suite take on 2 cores (results/ci_durations_cpu.txt): checked here too.
 """
 import json
 import re
@@ -225,3 +227,39 @@ def test_the_quoted_files_record_their_versions(name):
     provenance = _load(name)["provenance"]
     assert provenance.get("torch") and provenance.get("triton"), (
         f"results/{name} does not record the torch and Triton it was measured with")
+
+
+# ------------------------------------------------------------- setup sizes and suite times
+def _ci_durations():
+    """(the suite's seconds, the cold book build's seconds) from results/ci_durations_cpu.txt:
+    the header's "the suite: ... in N s" and the setup of test_every_toc_page_is_built."""
+    text = (RESULTS / "ci_durations_cpu.txt").read_text()
+    suite = re.search(r"the suite: .* in (\d+) s", text)
+    book = re.search(r"^([\d.]+)s setup +tests/test_book\.py::test_every_toc_page_is_built$",
+                     text, re.M)
+    assert suite and book, "results/ci_durations_cpu.txt no longer has the lines read here"
+    return int(suite.group(1)), float(book.group(1))
+
+
+def test_the_readmes_times_are_cis():
+    """The quick start's times on 2 cores are those of CI's fresh-clone run."""
+    readme = (REPO / "README.md").read_text()
+    suite, book = _ci_durations()
+    assert f"`make test` takes about {round(suite / 60)} minutes ({suite} s)" in readme
+    assert f"the book builds in about {round(book / 5) * 5} s" in readme
+
+
+def test_the_readmes_download_sizes_are_measured():
+    """What ``make setup TORCH_INDEX=...`` downloads, as results/setup_downloads_cpu.json
+    measured it: the total, the wheel count, the largest wheels and the environment's size."""
+    readme = " ".join((REPO / "README.md").read_text().split())
+    measured = _load("setup_downloads_cpu.json")
+    total = measured["download_bytes"] / 2 ** 20
+    assert f"about {round(total, -1):.0f} MiB of downloads in {measured['wheels']} wheels" \
+        in readme
+    names = {"triton": "Triton", "torch": "torch", "playwright": "Playwright"}
+    for wheel in measured["largest"][:3]:
+        name = names[wheel["file"].split("-")[0]]
+        assert f"{name} {wheel['bytes'] / 2 ** 20:.0f} MiB" in readme, name
+    assert "+cpu" in measured["largest"][1]["file"] + measured["largest"][0]["file"]
+    assert f"a `.venv` of about {measured['venv_bytes'] / 2 ** 30:.1f} GiB" in readme

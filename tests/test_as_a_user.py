@@ -1,0 +1,104 @@
+"""``make test`` as an ordinary user ends in passes and skips, never in errors.
+
+CI runs as root, where the grading sandbox works; a newcomer often does not.  This test runs a
+part of the suite as the unprivileged ``nobody`` (``setpriv``), from a copy of the repository
+that the user owns (the tests write beside it, for example screenshots under ``_build/``):
+
+- the whole suite is collected without an error;
+- tests/test_feedback.py's module set-up grades a real lab (lab 07) with the course's own
+  configuration, which requires the sandbox on Linux: as an ordinary user the test course
+  grades without it (``nbgrader_helpers.unsandboxed_grading_config``) and the test passes;
+  tests/test_labs_00_04.py and tests/test_labs_05_10.py build their courses the same way;
+- the tests that need the sandbox (tests/test_grading.py, tests/test_cheats.py) skip, each
+  with a one-line reason naming the command that runs them.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+USER = "nobody"
+# what the copy leaves out: the environment, outputs of the course's commands, caches
+NOT_COPIED = (".git", ".venv", "_build", "release", "submitted", "autograded", "feedback",
+              "autograde_status", "__pycache__", ".pytest_cache", "*.egg-info", "node_modules")
+GRADES_A_LAB = "test_report_lists_pending_answers_before_they_are_graded"
+SANDBOX_REASON = "the grading sandbox switches the kernel to another uid, which needs root " \
+                 "(to run this test: sudo make test)"
+
+
+def _as_user(account, args, cwd, home, timeout):
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin",
+           "HOME": str(home), "LANG": "C.UTF-8"}
+    if os.environ.get("LD_LIBRARY_PATH"):       # an interpreter that needs it (pyenv, conda)
+        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
+    command = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
+               "--clear-groups", *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def user_copy():
+    """(account, a copy of the repository the user owns, its HOME)."""
+    if os.geteuid() != 0:
+        pytest.skip("runs part of the suite as another user, which needs root; this run is "
+                    "an ordinary user's already")
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to run the tests as another user")
+    try:
+        account = pwd.getpwnam(USER)
+    except KeyError:
+        pytest.skip(f"this machine has no account {USER!r} to run the tests as")
+    base = Path(tempfile.mkdtemp(prefix="course-as-a-user-"))
+    try:
+        base.chmod(0o755)
+        copy, home = base / "course", base / "home"
+        shutil.copytree(REPO, copy, symlinks=True, ignore=shutil.ignore_patterns(*NOT_COPIED))
+        home.mkdir()
+        for path in (base, copy, home, *copy.rglob("*"), *home.rglob("*")):
+            os.lchown(path, account.pw_uid, account.pw_gid)
+        # as the tests will: programs of the environment through their #! lines, from PATH
+        probe = _as_user(account, ["sh", "-c", "nbgrader --version && python -c 'import "
+                                   "autograde, torch'"], copy, home, 300)
+        if probe.returncode != 0:
+            pytest.skip(f"the course's Python ({sys.executable}) cannot be run by {USER} here "
+                        f"(it lives where other users cannot read it): "
+                        f"{(probe.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+        yield account, copy, home
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_suite_as_an_ordinary_user_skips_what_needs_root(user_copy):
+    account, copy, home = user_copy
+    collected = _as_user(account, [sys.executable, "-m", "pytest", "--collect-only", "-q",
+                                   "-p", "no:cacheprovider", "tests"], copy, home, 600)
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    assert re.search(r"^\d+ tests collected", collected.stdout, re.M), collected.stdout[-2000:]
+
+    proc = _as_user(account, [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rsfEp",
+        f"tests/test_feedback.py::{GRADES_A_LAB}", "tests/test_grading.py",
+        "tests/test_cheats.py"], copy, home, 1200)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert "error" not in summary and "failed" not in summary, summary
+    assert re.search(r"\b\d+ passed", summary) and re.search(r"\b\d+ skipped", summary), summary
+    # the lab graded in the module set-up, as the user, and the test on its report passed
+    assert f"PASSED tests/test_feedback.py::{GRADES_A_LAB}" in out, out[-5000:]
+    # the sandbox tests of both modules skip, each with the one-line reason
+    report = proc.stdout.split("short test summary info", 1)[1].strip().splitlines()[1:-1]
+    assert all(line.startswith(("SKIPPED", "PASSED")) for line in report), report
+    skips = [line for line in report if line.startswith("SKIPPED")]
+    for module in ("tests/test_grading.py", "tests/test_cheats.py"):
+        assert any(module in line and line.endswith(SANDBOX_REASON) for line in skips), skips
