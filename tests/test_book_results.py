@@ -651,14 +651,20 @@ def test_the_operator_page_names_the_kernels_the_plan_runs(tmp_path):
 
 
 def test_chapter6_quotes_an_ncu_profile_only_with_provenance(tmp_path):
-    """The committed profile has no provenance: chapter 6 says so and quotes none of it. A
-    profile of the shape a re-run writes (provenance, today's kernels; synthetic, in a
-    temporary folder) is quoted; one that profiles another plan's kernels fails the cell."""
+    """The committed profile (provenance, the kernels the plan launches) is quoted; the same
+    profile without its provenance block is not (chapter 6 says so); a profile of the shape a
+    re-run writes (synthetic, in a temporary folder) is quoted; one that profiles another
+    plan's kernels fails the cell."""
     import nbclient.exceptions
 
     committed = _load("ncu_h200.json")
     ids = ("ch06-01-12d2fb", "ch06-22g-limits")
+    files = {p.name: json.loads(p.read_text()) for p in RESULTS.glob("*.json")}
     chapters = _scratch_book(tmp_path / "committed", None)
+    text = _execute(_cells(chapters / "ch06_measuring.ipynb", ids), chapters)["text"]
+    assert "busiest unit (% of its peak)" in text and "not quoted" not in text, text
+    bare = {k: v for k, v in committed.items() if k != "provenance"}
+    chapters = _scratch_book(tmp_path / "bare", {**files, "ncu_h200.json": bare})
     text = _execute(_cells(chapters / "ch06_measuring.ipynb", ids), chapters)["text"]
     assert "not quoted" in text and "busiest unit (% of its peak)" not in text
     results = _book_results(tmp_path / "plan", {})
@@ -668,7 +674,6 @@ def test_chapter6_quotes_an_ncu_profile_only_with_provenance(tmp_path):
     for launch in fresh["launches"]:
         preset, _, dtype, direction = launch["case"].split()
         launch["kernel"] = results.planned_function(direction, preset, dtype)
-    files = {p.name: json.loads(p.read_text()) for p in RESULTS.glob("*.json")}
     chapters = _scratch_book(tmp_path / "fresh", {**files, "ncu_h200.json": fresh})
     text = _execute(_cells(chapters / "ch06_measuring.ipynb", ids), chapters)["text"]
     assert "busiest unit (% of its peak)" in text and " rows " in text, text
