@@ -899,9 +899,14 @@ def _scores(sources, submissions):
     notebook, gid, kind, other, score, shared hashes)]), kind "solution", "module" (other: a
     :class:`Source`) or "student" (other: the other student)."""
     written = {}
+    # only the lab's own answer cells: a notebook name or grade_id the course does not know
+    # (the student chose it) is not compared, and never reaches a report
+    known = set(sources.templates) | set(sources.solutions)
     for student, notebooks in submissions.items():
         for name, nb in notebooks.items():
             for gid, src in answer_cells(nb).items():
+                if (name, gid) not in known:
+                    continue
                 prints = sources.own(name, gid, src)
                 if len(prints) >= MIN_FINGERPRINTS:
                     written.setdefault((name, gid), {})[student] = (src, prints)

@@ -267,3 +267,27 @@ def test_thresholds_fall_back_where_the_calibration_holds_no_cell():
     other["measure"]["kgram"] = settings.similarity_kgram + 1
     gid = next(iter(entry["cells"]))
     assert similarity.threshold_for(settings, lab, gid, other) == settings.similarity_threshold
+
+
+def test_cells_the_course_does_not_know_are_not_compared():
+    """A submission's notebook or answer cell renamed by the student (grade_id with escape
+    codes, say) is not compared, so its name never reaches the report."""
+    lab = "lab01_the_spec"
+    source = _source_nb(lab)
+    settings = AutogradeSettings()
+    sources = similarity._Sources(settings, {lab: source}, {lab: similarity.released(source)})
+    text = (CORPUS / lab / "lab01_msda_naive" / "copy_reference_pasted.py").read_text()
+    forged = copy.deepcopy(similarity.released(source))
+    for cell in forged.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "lab01_msda_naive":
+            cell.source = text
+            cell.metadata["nbgrader"]["grade_id"] = "x\x1b]0;owned\x07"
+    plain = copy.deepcopy(forged)
+    for cell in plain.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id", "").startswith("x\x1b"):
+            cell.metadata["nbgrader"]["grade_id"] = "lab01_msda_naive"
+    flags, _ = similarity.compare(settings, sources, {"a": {lab: forged},
+                                                      "b": {"other\x1b[2J": plain},
+                                                      "c": {lab: plain}})
+    assert set(flags) == {"c"}, flags
+    assert all("\x1b" not in r for r in flags["c"])
