@@ -116,7 +116,10 @@ MISTAKES = [
      [('scale = attention_weights[..., None] * c["weights"]',
        'scale = attention_weights[..., None] * c["weights"] * 0.5')],
      "lab07_check_grad_value", ["Located by isolation", "first wrong with one level, one point",
-                                "exactly 0.5 times the right one"]),
+                                "On every probe your result is exactly 0.5 times"]),
+    (LAB07, "grad_attn doubled (no catalogue entry)", ATTN,
+     [("return (samples * g).sum(dim=-1)", "return (samples * g).sum(dim=-1) * 2")],
+     "lab07_check_grad_attn", ["On every probe your result is exactly 2 times"]),
     (LAB07, "grad_value raises", VALUE, [("out.scatter_add_(", "out.scatter_add_(1, ")],
      "lab07_check_grad_value", ["grad_value raised TypeError", "at `out.scatter_add_(1, 2"]),
     # lab 08: the racy histogram, the prediction, the atomic histogram
@@ -258,6 +261,10 @@ MISTAKES = [
     (LAB08, "kernel: the value offset in int32", BACKWARD, [BASE_INT32],
      "lab08_check_backward_value", ["wraps around past 2**31", "(b * S * M + m) * D",
                                     "b.to(tl.int64) * S"]),
+    (LAB08, "kernel: corner 01's column from the row step", BACKWARD,
+     [("c = x0 + corner % 2", "c = x0 + corner // 2")],
+     "lab08_check_backward_attn", ["first wrong with the location halfway between two pixels "
+                                   "along x", "corner 01 (one column to the right)"]),
     (LAB08, "kernel: computes in the input dtype", BACKWARD,
      [(f"mask={ALL_LANES}, other=0.0).to(ACC_DTYPE)", f"mask={ALL_LANES}, other=0.0)"),
       ("v = tl.load(value_ptr + offs, mask=msk, other=0.0).to(ACC_DTYPE)",
@@ -331,6 +338,8 @@ WRONG_HINTS = {
     "kernel: grad_value not written yet (half check)": ["updates are lost",
                                                          "none of the usual mistakes"],
     "kernel: the attention index ignores the point": ["updates are lost"],
+    # one element on a probe is some multiple of the right one: no "factor" from that
+    "kernel: corner 01's column from the row step": ["a factor is wrong"],
 }
 HAND_WRITTEN = "the gradients are written by hand"
 FUNCTIONS = {ATTN: "grad_attention_weights", LOC: "grad_sampling_locations", VALUE: "grad_value"}

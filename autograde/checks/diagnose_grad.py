@@ -696,9 +696,28 @@ def locate(name, results, dtype, table=op.GRAD_TOLERANCE, **explain_kwargs):
                                                                     table):
                 return text + f". {hypothesis}"
         ratio = _ratio(got64, expected, dtype, table)
+        if ratio == 0:
+            return text + ". Your result is 0 for every element here"
+        ratio = _ratio_everywhere(name, results, dtype, table)
         if ratio is not None:
-            return text + (". Your result is 0 for every element here" if ratio == 0 else
-                           f". Your result is exactly {ratio:.6g} times the right one for "
-                           "every element here: a factor is wrong")
+            return text + (f". On every probe your result is exactly {ratio:.6g} times the "
+                           "right one: a factor is wrong")
         return text
     return None
+
+
+def _ratio_everywhere(name, results, dtype, table):
+    """c when every probe's result is c times the right one (one constant, over two or more
+    elements that are not small), else None."""
+    gots, expecteds = [], []
+    for _, _, args, grad_output, got in results:
+        expected = _gradient(name, args, grad_output)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(expected.shape):
+            return None
+        gots.append(got.detach().cpu().double().reshape(-1))
+        expecteds.append(expected.reshape(-1))
+    got, expected = torch.cat(gots), torch.cat(expecteds)
+    if int((expected.abs() > 0.1 * expected.abs().max()).sum()) < 2:
+        return None
+    ratio = _ratio(got, expected, dtype, table)
+    return None if ratio in (None, 0.0) else ratio
