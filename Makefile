@@ -89,7 +89,7 @@ test: $(STAMP) system-packages
 
 # The unit tests only (FAST_TESTS above); needs no system package.
 test-fast: $(STAMP)
-	$(RUN) $(BIN)/python -m pytest -m "$(FAST_TESTS)" -q
+	$(RUN) $(BIN)/python -m pytest -m "$(FAST_TESTS)" -q -n 2 --dist loadfile
 
 # JupyterLab on the course, from the course's environment (root needs --allow-root), serving
 # the repository root: nbgrader's extensions need the course directory inside the server's root.
