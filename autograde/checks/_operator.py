@@ -1,6 +1,7 @@
 """What the hidden checks of labs 05-10 share: inputs on the grading device, the fp64
 reference (forward and gradients), comparisons scaled to the result, and hints that recognise
-the usual wrong answers."""
+the usual wrong answers; and the isolation probes of the forward (``probes``: inputs only,
+built in the grading kernel of labs 01, 02 and 05 too, judged by ``diagnose.locate``)."""
 from __future__ import annotations
 
 import os
