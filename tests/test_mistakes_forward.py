@@ -160,7 +160,7 @@ MISTAKES = [
      "lab02_check_msda_flat", ["head and channel strides are swapped"]),
     ("02 value offset without the batch term", L02, "lab02_msda_flat",
      [("((b * S + start + row * width + col) * M + m) * D", "((start + row * width + col) * M + m) * D")],
-     "lab02_check_msda_flat", ["misses its batch term", "probe: two batch elements"]),
+     "lab02_check_msda_flat", ["misses its batch term", "two batch elements"]),
     ("02 int32_wrap unsigned", L02, "lab02_int32",
      [("return (n + 2 ** 31) % 2 ** 32 - 2 ** 31", "return n % 2 ** 32")],
      "lab02_check_int32", ["unsigned"]),

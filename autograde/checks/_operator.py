@@ -1,6 +1,7 @@
 """What the hidden checks of labs 05-10 share: inputs on the grading device, the fp64
 reference (forward and gradients), comparisons scaled to the result, and hints that recognise
-the usual wrong answers."""
+the usual wrong answers; and the isolation probes of the forward (``probes``: inputs only,
+built in the grading kernel of labs 01, 02 and 05 too, judged by ``diagnose.locate``)."""
 from __future__ import annotations
 
 import os
@@ -73,14 +74,14 @@ PROBE_PLAN = [
      "the attention weights and the sum (one-hot weights were right): each of the L*K samples "
      "is scaled by its own weight, and all of them are added up",
      (1, 1, 3, [[3, 4], [2, 5]], 2, "weights")),
-    ("two heads",
+    ("one level, one point, two heads",
      "the head term (one head was right): head m's values are at ((b*S + s)*M + m)*D, its "
      "output at ((b*Q + q)*M + m)*D, and it reads its own locations and weights",
-     (1, 2, 3, [[3, 4], [2, 5]], 2, "weights")),
-    ("two batch elements",
+     (1, 2, 3, [[3, 4]], 1, "between")),
+    ("one level, one point, one head, two batch elements",
      "the batch term (one batch element was right): batch b's values start at b*S*M*D, its "
      "locations, weights and outputs at b*Q*M*(...)",
-     (2, 2, 3, [[3, 4], [2, 5]], 2, "weights")),
+     (2, 1, 3, [[3, 4]], 1, "between")),
 ]
 PROBE_QUERIES = 5
 

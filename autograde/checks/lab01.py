@@ -6,6 +6,10 @@ is compared with the usual mistakes (:mod:`diagnose`: the half pixel, align_corn
 swapped, truncation instead of floor, a corner off the map that is read, H and W swapped, a
 missing level start, missing attention weights, the heads' layout) and the one that matches
 is named; expected values exist only when the check judges (``common.expect``).
+
+``check_msda_naive`` first runs the isolation probes (``_operator.probes``: one term of
+the forward switched on at a time) and stops at the first that goes wrong; an exception raised
+by the student's msda_naive is reported as the check's message.
 """
 from __future__ import annotations
 

@@ -4,6 +4,10 @@ MSDA on flat memory, int32 wrap-around and the first batch that overflows.
 A visible check passes a shown ``seed``; a hidden check draws a fresh one.  Expected values
 exist only when the check judges (``common.expect``); a wrong answer is compared with the usual
 mistakes and the matching one is named.
+
+``check_msda_flat`` first runs the isolation probes (``_operator.probes``: one term of
+the forward switched on at a time) and stops at the first that goes wrong; an exception raised
+by the student's msda_flat is reported as the check's message.
 """
 from __future__ import annotations
 
