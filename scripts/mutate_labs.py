@@ -893,7 +893,9 @@ def main(argv=None) -> int:
                 **data}
         path = args.out / f"{lab[:5]}.json"
         path.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"{lab}: {data['totals']} ({data['seconds']} s) -> {path.relative_to(REPO)}")
+        shown = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) \
+            else path.name
+        print(f"{lab}: {data['totals']} ({data['seconds']} s) -> {shown}")
     summary = write_summary(args.out)
     print(json.dumps(summary["all"]))
     return 0
