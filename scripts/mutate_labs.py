@@ -886,12 +886,16 @@ def main(argv=None) -> int:
             print(f"{m.id}  {_short(m.before, 50)!r} -> {_short(m.after, 50)!r}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    started = provenance(argv, args.seed, args.equiv_seeds)      # the code the run runs
     for lab in args.labs:
         data = run_lab(lab, args.seed, args.equiv_seeds, jobs=args.jobs)
-        data = {"provenance": provenance(argv, args.seed, args.equiv_seeds), **data}
+        data = {"provenance": dict(started, finished=provenance(argv, args.seed)["date"]),
+                **data}
         path = args.out / f"{lab[:5]}.json"
         path.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"{lab}: {data['totals']} ({data['seconds']} s) -> {path.relative_to(REPO)}")
+        shown = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) \
+            else path.name
+        print(f"{lab}: {data['totals']} ({data['seconds']} s) -> {shown}")
     summary = write_summary(args.out)
     print(json.dumps(summary["all"]))
     return 0
