@@ -273,6 +273,10 @@ _CODE_MODULES = {"marshal", "pickle", "_pickle", "dill", "cloudpickle", "copyreg
                  "types", "gc", "threading", "_thread", "multiprocessing", "concurrent",
                  "subprocess", "builtins"}
 _TYPES_ALLOWED = {"SimpleNamespace", "MappingProxyType", "ModuleType"}
+# modules that run work elsewhere rather than bring code in: they count where a graded
+# function uses them, not in a top-level statement of their own
+_PROCESS_MODULES = {"subprocess", "multiprocessing", "threading", "_thread", "concurrent", "gc",
+                    "inspect"}
 _CODE_ATTRIBUTES = {"__code__", "__globals__", "__closure__", "__builtins__", "__dict__",
                     "__class__", "__subclasses__", "__bases__", "__mro__", "__getattribute__",
                     "_getframe", "f_back", "f_locals", "f_globals", "f_builtins", "gi_frame",
@@ -389,6 +393,12 @@ def foreign_code(cells, by_hand=False):
                         direct.setdefault(name, f"{hit[0][0]} in {label}, line {hit[0][1]}")
                 continue
             found = _constructs(node, modules, by_hand)
+            if not bound:
+                # a statement that binds no name: only what brings in code counts there (a
+                # process or thread started at top level is judged by the limits, not here)
+                found = [(w, n) for w, n in found if w.split(" ")[-1].split(".")[0]
+                         not in _PROCESS_MODULES and not any(
+                             w.startswith(f"import of {m}") for m in _PROCESS_MODULES)]
             if not found:
                 continue
             what, line = found[0]

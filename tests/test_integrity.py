@@ -419,3 +419,19 @@ def test_one_import_statement_taints_only_the_modules_it_flags():
     names, from_cell = scan.foreign_code(cells)
     assert "corner" not in names and "math" not in names, names
     assert {"marshal", "_code", "sneaky"} <= set(names) and from_cell is None
+
+
+def test_processes_started_at_top_level_are_left_to_the_limits():
+    """A top-level statement that starts processes (a submission holding its process limit)
+    sends nothing to review; a graded function that uses a thread does."""
+    from autograde import scan
+
+    hold = ("import subprocess, time\nchildren = []\ntry:\n    while True:\n"
+            "        children.append(subprocess.Popen(['sleep', '120']))\n"
+            "except OSError as exc:\n    error = exc\n")
+    assert scan.foreign_code([(hold, True, "cell a")]) == ({"subprocess": "import of "
+                                                             "subprocess in cell a, line 1"},
+                                                            None)
+    names, _ = scan.foreign_code([("import threading\n\ndef f():\n"
+                                   "    threading.Thread(target=print).start()\n", True, "c")])
+    assert "f" in names

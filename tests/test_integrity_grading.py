@@ -9,7 +9,8 @@ processes keep every core of the host loaded:
 - a submission is its notebook: a ``helper.py`` or an ``ipykernel_launcher.py`` handed in
   beside it is not importable, and the kernel's sys.path starts with the course's view;
 - code run from a string earns nothing and is reported (needs_review, with the cell);
-- output past the whole notebook's cap is dropped and named;
+- output past the whole notebook's cap is dropped and named, and so is a flood of empty files
+  at a folder's inode limit;
 - the report escapes what a submission controls (a folder name with terminal escapes).
 """
 from __future__ import annotations
@@ -51,6 +52,12 @@ assert not any(p in ("", ".", "/submission") for p in sys.path), sys.path
 def lerp(a, b, t):
     return a + t * (b - a)
 '''
+INODES = '''
+def lerp(a, b, t):
+    return a + t * (b - a)
+for _i in range(3000):                   # empty files: the folder's inode limit is 2000
+    open(f"/tmp/empty_{_i}", "w").close()
+'''
 FLOOD = '''
 def lerp(a, b, t):
     return a + t * (b - a)
@@ -82,6 +89,7 @@ def graded(tmp_path_factory):
     with open(course / "nbgrader_config.py", "a") as fh:
         fh.write("\nc.AutogradeSettings.lab_timeouts = {'labfx': 120}\n"
                  "c.AutogradeSettings.notebook_output_limit_kb = 64\n"
+                 "c.AutogradeSettings.tmp_inodes = 2000\n"
                  # uids of this test's own, away from the default pool
                  "c.AutogradeSettings.kernel_uid = 64700\n")
 
@@ -104,6 +112,7 @@ def graded(tmp_path_factory):
             "sys.modules.pop('ipykernel_launcher', None)\n"
             "runpy.run_module('ipykernel_launcher', run_name='__main__')\n")}),
         "flood": (answered(FLOOD), {}),
+        "inodes": (answered(INODES), {}),
         ESCAPED_ID: (builder.all_correct(builder.fresh()), {}),
     }
     for student, (nb, files) in students.items():
@@ -181,6 +190,14 @@ def test_output_past_the_notebooks_cap_is_dropped_and_named(graded):
         row["reasons"], row["reasons"]
     nb = graded["course"] / "autograded" / "flood" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
     assert nb.stat().st_size < 200 * 1024
+
+
+def test_a_flood_of_empty_files_stops_at_the_folders_inode_limit_and_is_named(graded):
+    row = graded["rows"]["inodes"]
+    assert float(row["score"]) == FULL, row
+    assert "lerp_solution: folder limit: a writable folder of the kernel is full" in \
+        row["reasons"] and "2000 files" in row["reasons"], row["reasons"]
+    assert "No space left on device" in _cell_text(graded["course"], "inodes", "lerp_solution")
 
 
 def test_the_report_escapes_what_a_submission_controls(graded):
