@@ -980,8 +980,9 @@ def compare(settings, sources, submissions, calibration=None):
         record.append(entry)
         if score < threshold:
             continue
+        # a comma, not "; ": the report and the export join a submission's reasons with "; "
         rank = "" if z is None else \
-            f"; robust z {z:.1f} against the class (median {_percent(entry['class_median'])})"
+            f", robust z {z:.1f} against the class (median {_percent(entry['class_median'])})"
         if kind == "solution":
             what = f"to {other.label}"
             _note(flags, student, z, f"{name}/{gid}: similarity {_percent(score)} {what}{rank}")
