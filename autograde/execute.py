@@ -396,7 +396,9 @@ class SandboxedExecute(Execute):
             if size > budgets[key] or size > whole[key]:
                 if not is_record:
                     self._dropped = getattr(self, "_dropped", 0) + size
-                    if size > whole[key]:
+                    # the cell's own cap names the drop when it binds; the notebook's only
+                    # when the cell was within its cap
+                    if size > whole[key] and size <= budgets[key]:
                         self._dropped_notebook = True
                 else:
                     budgets["record_overflow"] = True

@@ -157,12 +157,22 @@ class _Canary:
         self.sock.close()
 
 
+# This module holds the grader's scores and statuses.  The synthetic students hand in the
+# solution's text, so the similarity check lists every one of them, and its needs_review would
+# stand in front of every status here: it is off for this class, and tested on the same class
+# in tests/test_grading_isolation.py and on a real lab in tests/test_similarity.py.
+SIMILARITY_OFF = ("\n# tests/test_grading.py: the scores and statuses alone\n"
+                  "c.AutogradeSettings.similarity_threshold = 0\n")
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     _sandbox_or_skip()
     base = tmp_path_factory.mktemp("grading")
     seq = base / "sequential"
     shutil.copytree(FIXTURE, seq)
+    with (seq / "nbgrader_config.py").open("a") as config:
+        config.write(SIMILARITY_OFF)
     (seq / "exchange").mkdir()
     _nbgrader("generate_assignment", ASSIGNMENT, cwd=seq)
     _nbgrader("release_assignment", ASSIGNMENT, cwd=seq)

@@ -181,7 +181,8 @@ EOF
   add_config "$par" \
     "c.AutogradeSettings.environment = \"$GRADING_ENV\"" \
     "c.AutogradeSettings.sandbox = \"$SANDBOX\"" \
-    "c.AutogradeSettings.extra_python_paths = list(c.AutogradeSettings.extra_python_paths) + [$paths]"
+    "c.AutogradeSettings.extra_python_paths = list(c.AutogradeSettings.extra_python_paths) + [$paths]" \
+    "c.AutogradeSettings.similarity_threshold = 0  # as tests/test_grading.py: scores and statuses"
   step generate_assignment 120 "$par" "$PY" -m nbgrader generate_assignment "$A" || return 2
   # one grading kernel of this configuration: its uid, network, limits, GPU
   step probe 90 "$par" "$PY" -m autograde probe
