@@ -396,9 +396,9 @@ class SandboxedExecute(Execute):
             if size > budgets[key] or size > whole[key]:
                 if not is_record:
                     self._dropped = getattr(self, "_dropped", 0) + size
-                    # the cell's own cap names the drop when it binds; the notebook's only
-                    # when the cell was within its cap
-                    if size > whole[key] and size <= budgets[key]:
+                    # the tighter of the two caps names the drop: the notebook's when no
+                    # more of it is left than of the cell's own
+                    if whole[key] <= budgets[key]:
                         self._dropped_notebook = True
                 else:
                     budgets["record_overflow"] = True

@@ -90,6 +90,9 @@ def graded(tmp_path_factory):
         fh.write("\nc.AutogradeSettings.lab_timeouts = {'labfx': 120}\n"
                  "c.AutogradeSettings.notebook_output_limit_kb = 64\n"
                  "c.AutogradeSettings.tmp_inodes = 2000\n"
+                 # statuses of the grader alone: the students hand in the solution's text,
+                 # which the similarity check would list (tested in test_grading_isolation)
+                 "c.AutogradeSettings.similarity_threshold = 0\n"
                  # uids of this test's own, away from the default pool
                  "c.AutogradeSettings.kernel_uid = 64700\n")
 
