@@ -94,7 +94,8 @@ GPU_CELL_FAILS = {"spawn_processes": "the uid's process limit is full: no compil
 
 # submissions with an incident that the CPU host's "needs_gpu" status outranks (the report
 # shows the highest status): on a GPU host the incident is the status
-INCIDENT_BEHIND_NEEDS_GPU = {"spawn_processes": "process limit"}
+INCIDENT_BEHIND_NEEDS_GPU = {"spawn_processes": "process limit",
+                             "cheat_chip": "a chip the graded function must not use"}
 
 
 def _gpu_row(student, row):
