@@ -66,7 +66,7 @@ def ensure_packages(log: Path) -> str:
     os.environ["PATH"] = f"{SITE / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
     os.environ["JUPYTER_PATH"] = str(SITE / "share" / "jupyter")
     sys.path[:0] = [str(SITE)]
-    return f"{len(wheels)} wheels from .whl/ -> /tmp/site"
+    return f"{len(wheels)} wheels from .whl/ -> SITE (a folder on the GPU host)"
 
 
 def run_logged(name, command, logs: Path, timeout_s, env=None):
