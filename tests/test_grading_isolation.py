@@ -236,7 +236,10 @@ def two_commands(released, tmp_path_factory):
         "a_honest": b.all_correct(b.fresh()),
         "a_big_file": _with_lerp_prefix(b, BIG_FILE),
         "a_no_notebook": None,
-    }, config="c.AutogradeSettings.lab_timeouts = {'labfx': 60}")
+    }, config="c.AutogradeSettings.lab_timeouts = {'labfx': 60}\n"
+              # course a is about limits; its students hand in the solution's text, which
+              # the similarity check (tested on course b) would list for review
+              "c.AutogradeSettings.similarity_threshold = 0")
     course_b = _course(released, base / "b", {
         "b_honest": b.all_correct(b.fresh()),
         "b_big_allocation": _with_lerp_prefix(b, BIG_ALLOCATION),
@@ -275,8 +278,12 @@ def test_two_grading_commands_at_once_never_share_a_uid(two_commands):
 
 def test_a_submission_holding_its_process_limit_blocks_no_one_else(two_commands):
     a, b = _report(two_commands["a"]), _report(two_commands["b"])
+    assert (float(a["a_honest"]["score"]), a["a_honest"]["status"]) == \
+        (CORRECT_SCORE, "needs_gpu"), a["a_honest"]
+    # b_honest hands in the solution's text, so course b's similarity check lists it for review
+    # (test_copies_are_listed_for_review_and_honest_answers_are_not); its score is whole
+    assert float(b["b_honest"]["score"]) == CORRECT_SCORE, b["b_honest"]
     for row in (a["a_honest"], b["b_honest"]):
-        assert (float(row["score"]), row["status"]) == (CORRECT_SCORE, "needs_gpu"), row
         assert "did not start" not in row["reasons"] and "limit" not in row["reasons"], row
     holder = a["a_holds_processes"]
     assert "lerp_solution: process limit: BlockingIOError" in holder["reasons"], holder
