@@ -83,13 +83,15 @@ system-packages:
 book: $(STAMP)
 	$(RUN) $(BIN)/jupyter-book build book
 
-# The whole test suite, as CI runs it; GPU-only tests skip themselves without a GPU.
+# The whole test suite, as CI runs it, over both cores: each test module runs on one worker,
+# the modules that build or read the book together (tests/conftest.py groups them); GPU-only
+# tests skip themselves without a GPU.
 test: $(STAMP) system-packages
-	$(RUN) $(BIN)/python -m pytest
+	$(RUN) $(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # The unit tests only (FAST_TESTS above); needs no system package.
 test-fast: $(STAMP)
-	$(RUN) $(BIN)/python -m pytest -m "$(FAST_TESTS)" -q -n 2 --dist loadfile
+	$(RUN) $(BIN)/python -m pytest -m "$(FAST_TESTS)" -q -n 2 --dist loadgroup
 
 # JupyterLab on the course, from the course's environment (root needs --allow-root), serving
 # the repository root: nbgrader's extensions need the course directory inside the server's root.

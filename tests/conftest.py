@@ -68,10 +68,26 @@ END_TO_END = {
 }
 
 
+# `make test` spreads the modules over both cores (pytest-xdist, ``--dist loadgroup``): each
+# module is a group of its own, so its module-scoped fixtures (a release, a graded class) are
+# built once, on one worker; the modules that build or read the book's ``_build/html`` share
+# one group, so that no two of them build it at the same time.  The longest modules start
+# first (LONGEST_FIRST, from the suite's --durations on 2 cores): the other worker takes the
+# short ones meanwhile, and the run ends when the longest does.
+SHARED_GROUPS = {"test_book.py": "book", "test_browser.py": "book",
+                 "test_book_results.py": "book"}
+LONGEST_FIRST = ("test_book.py", "test_browser.py", "test_book_results.py")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in END_TO_END.get(item.path.name, ()):
             item.add_marker(getattr(pytest.mark, name))
+        item.add_marker(pytest.mark.xdist_group(
+            SHARED_GROUPS.get(item.path.name, item.path.stem)))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (the Triton "
