@@ -72,11 +72,14 @@ END_TO_END = {
 # module is a group of its own, so its module-scoped fixtures (a release, a graded class) are
 # built once, on one worker; the modules that build or read the book's ``_build/html`` share
 # one group, so that no two of them build it at the same time.  The longest modules start
-# first (LONGEST_FIRST, from the suite's --durations on 2 cores): the other worker takes the
+# first (LONGEST_FIRST, from the suite's --durations on 2 cores, results/ci_durations_cpu.txt): the other worker takes the
 # short ones meanwhile, and the run ends when the longest does.
 SHARED_GROUPS = {"test_book.py": "book", "test_browser.py": "book",
                  "test_book_results.py": "book"}
-LONGEST_FIRST = ("test_book.py", "test_browser.py", "test_book_results.py")
+LONGEST_FIRST = ("test_labs_05_10.py", "test_hub.py", "test_labs_00_04.py", "test_hub_attacks.py",
+                 "test_book.py", "test_browser.py", "test_book_results.py", "test_grading.py",
+                 "test_mistakes_forward.py", "test_mistakes_backward.py", "test_cheats.py",
+                 "test_similarity.py", "test_integrity_grading.py", "test_grading_isolation.py")
 
 
 @pytest.hookimpl(tryfirst=True)
