@@ -82,13 +82,28 @@ LONGEST_FIRST = ("test_labs_05_10.py", "test_hub.py", "test_labs_00_04.py", "tes
                  "test_similarity.py", "test_integrity_grading.py", "test_grading_isolation.py")
 
 
+# Modules without module-scoped fixtures whose tests are many and long, split by the lab a
+# test is parametrised with (tests/test_similarity.py runs every corpus answer through its
+# lab's checks): each lab's tests form a group of their own, so both workers share them.
+SPLIT_BY_LAB = {"test_similarity.py"}
+
+
+def _group(item) -> str:
+    name = item.path.name
+    if name in SHARED_GROUPS:
+        return SHARED_GROUPS[name]
+    lab = getattr(item, "callspec", None) and item.callspec.params.get("lab")
+    if name in SPLIT_BY_LAB and lab:
+        return f"{item.path.stem}-{lab}"
+    return item.path.stem
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in END_TO_END.get(item.path.name, ()):
             item.add_marker(getattr(pytest.mark, name))
-        item.add_marker(pytest.mark.xdist_group(
-            SHARED_GROUPS.get(item.path.name, item.path.stem)))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     if torch.cuda.is_available():
