@@ -38,6 +38,7 @@ dropped.  What is left is "the student's own".  The similarity of an answer to a
 the share of its own fingerprints found in the source (of the smaller side's, between two
 students).  Short answers are compared too, from ``MIN_FINGERPRINTS`` own fingerprints on (a
 cell whose whole answer the notebook prescribes has nothing of a student's own to compare).
+A keyword in prose (``mode="bilinear"``) is read as the keyword argument it names.
 
 Thresholds: per lab and per answer cell, calibrated on a corpus of independently written
 correct answers and of copies (``tests/fixtures/similarity``; ``python -m autograde.similarity
@@ -557,6 +558,20 @@ class Prescribed:
     def add_text(self, text):
         for fragment in prose_fragments(text):
             self.add_code(fragment)
+            self._add_keyword(fragment)
+
+    def _add_keyword(self, fragment):
+        """Prose's ``mode="bilinear"`` names a keyword argument of a call: its run is the
+        keyword's (``mode = 'S'``), not an assignment's (``V = 'S'``)."""
+        try:
+            body = ast.parse(fragment.strip()).body
+        except (SyntaxError, ValueError, RecursionError):
+            return
+        if len(body) == 1 and isinstance(body[0], ast.Assign) and \
+                len(body[0].targets) == 1 and isinstance(body[0].targets[0], ast.Name):
+            call = units(f"f({fragment.strip()})")
+            if len(call) == 1:
+                self._add(plain(call[0][1])[2:-1])
 
     def add_code(self, source):
         """A given piece of code: its statements, and every sub-expression of them (a
