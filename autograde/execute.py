@@ -32,6 +32,7 @@ from traitlets import Integer
 from . import dblock, limits, status
 from .config import AutogradeSettings, describe, resolve_environment
 from .kernel import KernelSetup
+from .parallel import limit_grader_memory, memory_reason
 from .recording import MIME
 from .sandbox import sandbox_available
 
@@ -93,6 +94,9 @@ class SandboxedExecute(Execute):
 
     def preprocess(self, nb, resources, km=None):
         settings = AutogradeSettings(parent=self)
+        # the grader's own memory, under `nbgrader autograde` as in `autograde grade`'s
+        # workers (set once in the process; never loosened)
+        limit_grader_memory(settings.grader_memory_mb)
         nbg = resources["nbgrader"]
         assignment, student = nbg["assignment"], nbg["student"]
         self._settings = settings
@@ -138,6 +142,10 @@ class SandboxedExecute(Execute):
         dblock.release()
         try:
             run_sync(self._async_run_all)()
+        except MemoryError:
+            status.note_failure(os.getcwd(), settings, assignment, student,
+                                memory_reason(settings.grader_memory_mb))
+            raise
         except Exception as exc:
             status.note_failure(os.getcwd(), settings, assignment, student,
                                 f"grading kernel failed: {exc}")

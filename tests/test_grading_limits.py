@@ -1,0 +1,180 @@
+"""The grading's own limits and copies, without a sandbox: tensors nested in a check's
+arguments, the grader's memory under plain ``nbgrader autograde``, a configuration that still
+sets a removed setting, what reaches a terminal, and the check of the kernel's socket folder.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+
+def _record_and_replay(check, fn, secret="nested"):
+    """Run ``check(fn)`` as the grading kernel does (recording), then as the grader replays
+    it; returns (what the kernel side raised, what the replay raised), None where nothing."""
+    from autograde import recording
+
+    recording._mode, recording._base_seed, recording._counter = "record", secret, 0
+    recording._events = []
+    in_kernel = None
+    try:
+        check(fn)
+    except AssertionError as exc:
+        in_kernel = exc
+    finally:
+        events, recording._events, recording._mode = recording._events, [], None
+    context = recording.ReplayContext(events, secret)
+    try:
+        recording.replay_check(check, [recording.Proxy(context, "fn")], {}, context)
+    except AssertionError as exc:
+        return in_kernel, exc, events
+    return in_kernel, None, events
+
+
+Pair = collections.namedtuple("Pair", "locations weights")
+
+
+def _check_nested(kind):
+    """A hidden check that hands its function tensors nested in a list, a dict or a named
+    tuple, and computes what it expects from its own copies afterwards."""
+    from autograde.checks.common import forbid_references, fresh_generator, judging
+
+    def check(fn):
+        gen = fresh_generator()
+        levels = [torch.randn(4, generator=gen), torch.randn(4, generator=gen)]
+        weights = torch.rand(4, generator=gen)
+        keep = [t.clone() for t in levels] + [weights.clone()]
+        if kind == "list":
+            arg = levels
+        elif kind == "dict":
+            arg = {"levels": levels, "weights": weights}
+        else:
+            arg = Pair(levels, weights)
+        with forbid_references(fn):
+            got = fn(arg, weights)
+        assert all(torch.equal(a, b) for a, b in zip(levels + [weights], keep)), \
+            "the check's own nested tensor changed"
+        if judging():
+            expected = (levels[0] + levels[1]) * weights
+            assert torch.allclose(got, expected), "wrong result"
+    return check
+
+
+def _honest(kind):
+    def fn(arg, weights):
+        levels = arg if kind == "list" else (arg["levels"] if kind == "dict" else arg.locations)
+        return (levels[0] + levels[1]) * weights
+    return fn
+
+
+def _zeroing(kind):
+    """Writes zeros into the second level (nested) and returns what the zeroed inputs give:
+    before nested copies, the check's expectation was computed from the zeroed level."""
+    def fn(arg, weights):
+        levels = arg if kind == "list" else (arg["levels"] if kind == "dict" else arg.locations)
+        levels[1].zero_()
+        return levels[0] * weights
+    return fn
+
+
+@pytest.mark.parametrize("kind,named", [("list", "arg[1]"), ("dict", "arg['levels'][1]"),
+                                        ("namedtuple", "arg[0][1]")])
+def test_a_write_into_a_nested_tensor_is_the_named_mistake(kind, named):
+    from autograde import recording
+
+    check = _check_nested(kind)
+    assert _record_and_replay(check, _honest(kind))[:2] == (None, None)
+    fn = _zeroing(kind)
+    fn.__name__ = "sample_levels"
+    in_kernel, replayed, events = _record_and_replay(check, fn)
+    assert isinstance(in_kernel, recording.InputChanged), in_kernel
+    assert f"sample_levels: your code wrote into {named}, one of its inputs" in \
+        str(in_kernel), str(in_kernel)
+    assert isinstance(replayed, recording.InputChanged), replayed
+    assert f"wrote into {named}," in str(replayed), str(replayed)
+    # a record whose "wrote" note was removed: the replay copies nothing into the grader's
+    # nested tensors, and the zeroed level's result is simply wrong
+    forged = [{k: v for k, v in ev.items() if k != "wrote"} for ev in events]
+    context = recording.ReplayContext(forged, "nested")
+    with pytest.raises(AssertionError) as caught:
+        recording.replay_check(check, [recording.Proxy(context, "fn")], {}, context)
+    assert "wrong result" in str(caught.value)
+
+
+def test_a_forged_nested_key_cannot_write_into_the_message():
+    from autograde import recording
+
+    assert recording.nested_name("levels", [1, "weights"]) == "levels[1]['weights']"
+    shown = recording.nested_name("levels", ["\x1b[2J", 10 ** 9, True, None, 0, 1, 2])
+    assert shown == "levels[...][...][...][...]", shown
+
+
+def test_the_containers_handed_over_are_new_ones():
+    """An append to the list it was given does not reach the check's list either."""
+    from autograde import recording
+
+    levels = [torch.ones(2), torch.ones(2)]
+    watched = []
+    copied = recording._with_copies(levels, watched, 0)
+    copied.append(torch.zeros(2))
+    copied[0].zero_()
+    assert len(levels) == 2 and torch.equal(levels[0], torch.ones(2))
+    assert [w[0] for w in watched] == [(0, 0), (0, 1)]
+
+
+# ------------------------------------------------------------------ the grader's memory
+def test_the_grader_memory_limit_is_set_once_in_the_process():
+    code = textwrap.dedent("""
+        import resource
+        from autograde import parallel
+        parallel.limit_grader_memory(300)
+        first = resource.getrlimit(resource.RLIMIT_DATA)
+        parallel.limit_grader_memory(900)          # a second call never loosens it
+        second = resource.getrlimit(resource.RLIMIT_DATA)
+        try:
+            block = bytearray(600 * 2 ** 20)
+            print("ALLOCATED")
+        except MemoryError:
+            print("REFUSED")
+        print(first[0] // 2 ** 20, second[0] // 2 ** 20)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["REFUSED", "300", "300"], out.stdout
+
+
+def test_a_memory_error_under_nbgrader_autograde_is_named(monkeypatch):
+    """The preprocessor that runs the notebook (nbgrader autograde's, not only the parallel
+    command's workers) sets the limit and names it when grading ran into it."""
+    import nbformat
+
+    from autograde import execute, parallel, status
+
+    noted, limits = [], []
+    monkeypatch.setattr(status, "note_failure",
+                        lambda root, settings, assignment, student, reason:
+                        noted.append(reason))
+    monkeypatch.setattr(execute, "limit_grader_memory", limits.append)
+    monkeypatch.setattr(execute, "resolve_environment", lambda settings: "cpu")
+    monkeypatch.setattr(execute, "resolve_sandbox", lambda settings, log=None: "none")
+
+    def out_of_memory(self):
+        raise MemoryError()
+    monkeypatch.setattr(execute.SandboxedExecute, "_async_run_all", out_of_memory)
+    monkeypatch.setattr(execute, "run_sync", lambda fn: fn)
+    pre = execute.SandboxedExecute()
+    pre.config.AutogradeSettings.grader_memory_mb = 1234
+    pre = execute.SandboxedExecute(config=pre.config)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    resources = {"nbgrader": {"assignment": "labfx", "student": "s1", "notebook": "labfx"}}
+    with pytest.raises(MemoryError):
+        pre.preprocess(nb, resources)
+    assert limits == [1234]
+    assert noted == [parallel.memory_reason(1234)], noted
+    assert noted[0].startswith("grader memory limit:") and "1234 MiB" in noted[0]
