@@ -105,10 +105,6 @@ class AutogradeSettings(Configurable):
         "never changed.")).tag(config=True)
     similarity_kgram = Int(8, help="Tokens per k-gram of the similarity check."
                            ).tag(config=True)
-    similarity_min_statements = Int(8, help=(
-        "Answers with fewer statements of the student's own (beyond the released template) "
-        "are not compared: short answers to small tasks are written alike by everyone."
-    )).tag(config=True)
     similarity_packages = List(Unicode(), ["source_kernels"], help=(
         "Packages whose modules (the chips, the reference, the operator) answers are "
         "compared with.")).tag(config=True)

@@ -178,3 +178,20 @@ def test_a_memory_error_under_nbgrader_autograde_is_named(monkeypatch):
     assert limits == [1234]
     assert noted == [parallel.memory_reason(1234)], noted
     assert noted[0].startswith("grader memory limit:") and "1234 MiB" in noted[0]
+
+
+# ------------------------------------------------------------------ removed setting
+def test_a_config_that_still_sets_similarity_min_statements_loads():
+    """The setting is gone (short answers are compared too, autograde/similarity.py); a
+    configuration written before still loads, with traitlets' warning naming the key."""
+    from traitlets.config import Config
+
+    from autograde.config import AutogradeSettings
+
+    assert "similarity_min_statements" not in AutogradeSettings.class_trait_names()
+    c = Config()
+    c.AutogradeSettings.similarity_min_statements = 8
+    c.AutogradeSettings.similarity_threshold = 0.5
+    with pytest.warns(UserWarning, match="similarity_min_statements"):
+        settings = AutogradeSettings(config=c)
+    assert settings.similarity_threshold == 0.5
