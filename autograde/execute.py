@@ -191,7 +191,15 @@ class SandboxedExecute(Execute):
             self._setup = None
             raise RuntimeError(f"the grading kernel did not start ({exc})"
                                + (f"; {named[1]}" if named else "")) from exc
-        self._setup.close_socket_dir()
+        problems = self._setup.close_socket_dir()
+        if problems:
+            # something of the kernel's could still write into its socket folder on the host
+            # (outside the sandbox's size-limited folders): it does not run a cell
+            await self._stop()
+            raise RuntimeError("the grading kernel kept a way to write into its socket "
+                               "folder after it was closed (socket folder limit): "
+                               + "; ".join(status.printable(p, limit=300)
+                                           for p in problems[:3]))
         self.log.debug("kernel %d up in %.2f s", self._incarnation, time.monotonic() - started)
 
     async def _stop(self):

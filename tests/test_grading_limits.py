@@ -195,3 +195,28 @@ def test_a_config_that_still_sets_similarity_min_statements_loads():
     with pytest.warns(UserWarning, match="similarity_min_statements"):
         settings = AutogradeSettings(config=c)
     assert settings.similarity_threshold == 0.5
+# ------------------------------------------------------------------ the socket folder
+def test_a_descriptor_into_the_socket_folder_is_found(tmp_path):
+    """The grader's check after it closes the kernel's socket folder: a process of the
+    kernel's uid that still holds a file there (opened before the folder was taken back) is
+    named, and so is a file in it that is not a socket."""
+    from autograde import kernel
+
+    folder = tmp_path / "ipc"
+    folder.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         f"import sys, time; fh = open({str(folder / 'spill')!r}, 'w'); print('open', "
+         "flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        found = kernel.socket_dir_problems(str(folder), os.getuid())
+        assert any("spill" in p and "holds" in p for p in found), found
+        assert any("spill" in p and "not a socket" in p for p in found), found
+    finally:
+        holder.kill()
+        holder.wait()
+    assert kernel.socket_dir_problems(str(folder), os.getuid()) == [
+        f"a file that is not a socket: {folder / 'spill'} (0 bytes)"]
+    (folder / "spill").unlink()
+    assert kernel.socket_dir_problems(str(folder), os.getuid()) == []
