@@ -220,3 +220,52 @@ def test_a_descriptor_into_the_socket_folder_is_found(tmp_path):
         f"a file that is not a socket: {folder / 'spill'} (0 bytes)"]
     (folder / "spill").unlink()
     assert kernel.socket_dir_problems(str(folder), os.getuid()) == []
+
+
+# ------------------------------------------------------------------ terminal escapes
+CONTROLS = "\x1b[2J\x1b]0;owned\x07\r\x08\x9b31m\x1b]52;c;b3duZWQ=\x07"
+
+
+def _has_control(text):
+    return any((ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) < 0xa0 for c in text)
+
+
+def test_log_records_reach_the_terminal_escaped():
+    """What nbgrader and the course log (a student's folder as an argument, an exception
+    message, a traceback) is written out escaped; newlines stay."""
+    import io
+    import logging
+
+    from autograde.logs import escape_log_records
+
+    escape_log_records()
+    escape_log_records()                              # once per process, whatever the calls
+    stream = io.StringIO()
+    log = logging.getLogger("autograde-test-escapes")
+    handler = logging.StreamHandler(stream)
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        log.error("Autograding submission %s", "mallory" + CONTROLS)
+        log.warning("cell 3 (%s): %s", "id" + CONTROLS, "line one\nline two")
+        try:
+            raise ValueError("bad" + CONTROLS)
+        except ValueError:
+            log.exception("There was an error processing assignment")
+    finally:
+        log.removeHandler(handler)
+    text = stream.getvalue()
+    assert not _has_control(text), repr(text)
+    assert "Autograding submission mallory\\x1b[2J\\x1b]0;owned\\x07\\x0d\\x08\\x9b31m" in text
+    assert "line one\nline two" in text
+    assert "ValueError: bad\\x1b[2J" in text and "Traceback" in text
+
+
+def test_the_sandbox_launcher_reports_a_kernels_output_escaped():
+    from autograde.sandbox import exit_message
+
+    text = exit_message(3, ("Traceback\n" + CONTROLS).encode())
+    assert not _has_control(text), repr(text)
+    assert text.startswith("[autograde sandbox] kernel exited with status 3; its first "
+                           "output:\nTraceback\n\\x1b[2J")
+    assert exit_message(1, b"") == "[autograde sandbox] kernel exited with status 1\n"
