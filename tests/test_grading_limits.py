@@ -269,3 +269,49 @@ def test_the_sandbox_launcher_reports_a_kernels_output_escaped():
     assert text.startswith("[autograde sandbox] kernel exited with status 3; its first "
                            "output:\nTraceback\n\\x1b[2J")
     assert exit_message(1, b"") == "[autograde sandbox] kernel exited with status 1\n"
+
+
+def test_a_kernel_that_keeps_a_way_into_its_socket_folder_runs_no_cell(monkeypatch):
+    """The grading command's side of the check: a kernel whose socket folder is not closed is
+    stopped, and grading says why (named: socket folder limit)."""
+    import asyncio
+
+    from autograde import execute
+    from autograde.config import AutogradeSettings
+
+    events = []
+
+    class FakeSetup:
+        uid, gpu = 64999, None
+
+        def __init__(self, **kwargs):
+            events.append("setup")
+
+        def kernel_manager(self, parent=None):
+            return object()
+
+        def close_socket_dir(self):
+            return ["process 7 of the kernel's uid holds /tmp/ag-ipc-1-x/spill\x1b[2J"]
+
+        def cleanup(self, wait=False):
+            events.append("cleanup")
+
+    async def nothing(*args, **kwargs):
+        return None
+
+    monkeypatch.setattr(execute, "KernelSetup", FakeSetup)
+    pre = execute.SandboxedExecute()
+    monkeypatch.setattr(pre, "async_start_new_kernel", nothing)
+    monkeypatch.setattr(pre, "async_start_new_kernel_client", nothing)
+    monkeypatch.setattr(pre, "_async_cleanup_kernel", nothing)
+    pre._incarnation, pre._mode, pre._environment = 1, "bwrap", "cpu"
+    pre._settings, pre._worker, pre._workers, pre._assignment = AutogradeSettings(), 0, 1, "x"
+    pre._describe = ("s1", "x", "cpu", "bwrap", pre._settings)
+    pre.info = {"seeds": {}, "kernels": []}
+    pre.timeout = 10
+    with pytest.raises(RuntimeError) as caught:
+        asyncio.run(pre._start())
+    message = str(caught.value)
+    assert "kept a way to write into its socket folder" in message
+    assert "(socket folder limit)" in message and "spill\\x1b[2J" in message, message
+    assert events == ["setup", "cleanup"] and pre._setup is None and pre.km is None
