@@ -96,7 +96,8 @@ class SandboxedExecute(Execute):
         settings = AutogradeSettings(parent=self)
         # the grader's own memory, under `nbgrader autograde` as in `autograde grade`'s
         # workers (set once in the process; never loosened)
-        limit_grader_memory(settings.grader_memory_mb)
+        in_force = limit_grader_memory(settings.grader_memory_mb)
+        memory_mb = in_force // 2 ** 20 if in_force else settings.grader_memory_mb
         nbg = resources["nbgrader"]
         assignment, student = nbg["assignment"], nbg["student"]
         self._settings = settings
@@ -144,7 +145,7 @@ class SandboxedExecute(Execute):
             run_sync(self._async_run_all)()
         except MemoryError:
             status.note_failure(os.getcwd(), settings, assignment, student,
-                                memory_reason(settings.grader_memory_mb))
+                                memory_reason(memory_mb))
             raise
         except Exception as exc:
             status.note_failure(os.getcwd(), settings, assignment, student,

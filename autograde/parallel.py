@@ -151,7 +151,11 @@ def limit_grader_memory(megabytes):
 
 
 def memory_reason(megabytes):
-    """What the ledger says of a submission whose grading ran into the grader's limit."""
+    """What the ledger says of a submission whose grading ran out of memory in the grader
+    (``megabytes``: the grader's limit in force, 0 or None when there was none)."""
+    if not megabytes:
+        return ("grader memory: the grader ran out of memory grading this submission (no "
+                "limit is set: AutogradeSettings.grader_memory_mb = 0)")
     return (f"grader memory limit: grading this submission needed more than the grader's "
             f"{megabytes} MiB (AutogradeSettings.grader_memory_mb)")
 

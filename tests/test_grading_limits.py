@@ -178,6 +178,7 @@ def test_a_memory_error_under_nbgrader_autograde_is_named(monkeypatch):
     assert limits == [1234]
     assert noted == [parallel.memory_reason(1234)], noted
     assert noted[0].startswith("grader memory limit:") and "1234 MiB" in noted[0]
+    assert "no limit is set" in parallel.memory_reason(0)
 
 
 # ------------------------------------------------------------------ removed setting
