@@ -18,9 +18,26 @@ __all__ = ["escape_log_records", "escaped"]
 _LIMIT = 200_000
 
 
-def escaped(text) -> str:
-    from .status import printable
-    return printable(text, limit=_LIMIT, newlines=True)
+def escaped(text, limit=_LIMIT) -> str:
+    """``text`` with its control and format characters written out (``\\x1b``...), newlines
+    kept: :func:`autograde.status.printable`'s rule, here with the standard library only, so
+    that the sandbox's launcher can use it without importing the grader's modules (a kernel
+    that died is seen dead only once its launcher has exited)."""
+    import unicodedata
+    out = []
+    for ch in str(text):
+        if ch == "\n":
+            out.append(ch)
+        elif ch == "\t":
+            out.append(" ")
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+                       if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    clean = "".join(out)
+    return clean if len(clean) <= limit else clean[:limit] + "..."
 
 
 def escape_log_records():

@@ -348,9 +348,8 @@ def exit_message(code, output):
     """The launcher's line on the grader's stderr (the instructor's terminal under nbgrader
     autograde) for a kernel that exited with ``code``: the kernel's first output, which the
     submission controls, escaped (no terminal control character reaches the terminal)."""
-    from .status import printable
-    text = printable(output.decode(errors="replace").strip(), limit=_KEEP_OUTPUT,
-                     newlines=True)
+    from .logs import escaped                    # the standard library only: see there
+    text = escaped(output.decode(errors="replace").strip(), limit=_KEEP_OUTPUT)
     return (f"[autograde sandbox] kernel exited with status {code}"
             + (f"; its first output:\n{text}\n" if text else "\n"))
 

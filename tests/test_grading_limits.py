@@ -316,3 +316,19 @@ def test_a_kernel_that_keeps_a_way_into_its_socket_folder_runs_no_cell(monkeypat
     assert "kept a way to write into its socket folder" in message
     assert "(socket folder limit)" in message and "spill\\x1b[2J" in message, message
     assert events == ["setup", "cleanup"] and pre._setup is None and pre.km is None
+
+
+def test_the_launchers_escaping_is_the_reports():
+    """The launcher's stdlib copy of the escaping rule writes what ``status.printable`` does
+    (newlines kept), and importing it loads none of the grader's heavier modules."""
+    from autograde.logs import escaped
+    from autograde.status import printable
+
+    sample = "a\tb\nc" + CONTROLS + "\u202e\u2028\U0001f600\ud800"
+    assert escaped(sample) == printable(sample, limit=10 ** 6, newlines=True)
+    code = ("import sys; import autograde.logs; from autograde.sandbox import exit_message; "
+            "exit_message(1, b'x'); print(sorted(m for m in ('nbformat', 'autograde.status', "
+            "'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
