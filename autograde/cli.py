@@ -143,9 +143,10 @@ def cmd_probe(args):
     from .probe import probe
     root = os.path.abspath(args.root)
     _, settings = _settings(root)
+    from .status import printable
     result = probe(root, settings)
     for key, value in result.items():
-        print(f"{key:>24}: {value}")
+        print(f"{printable(key, limit=24):>24}: {printable(value)}")
     return 0
 
 
@@ -177,6 +178,8 @@ def main(argv=None):
     for p in sub.choices.values():
         p.add_argument("--root", default=".", help="the course directory")
     args = parser.parse_args(argv)
+    from .logs import escape_log_records
+    escape_log_records()
     try:
         return args.func(args)
     except KeyboardInterrupt:

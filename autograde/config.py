@@ -67,10 +67,11 @@ class AutogradeSettings(Configurable):
     output_limit_kb = Int(512, help="Output kept per cell (KiB); the rest is dropped and "
                                     "the cell says so.").tag(config=True)
     grader_memory_mb = Int(8192, help=(
-        "Data-segment limit (MiB) of each worker process of `python -m autograde grade` (the "
-        "grader's side: nbgrader, the replay of the checks); 0: none.  A submission whose "
-        "grading goes past it is reported ungradable with this limit named, and the other "
-        "workers go on.")).tag(config=True)
+        "Data-segment limit (MiB) of the grader's own process (nbgrader, the replay of the "
+        "checks): each worker of `python -m autograde grade`, and the process of a plain "
+        "`nbgrader autograde`, where the course's Execute preprocessor sets it once; 0: none.  "
+        "A submission whose grading goes past it is reported ungradable with this limit "
+        "named, and the other submissions go on.")).tag(config=True)
     notebook_output_limit_kb = Int(16384, help=(
         "Output kept per notebook (KiB, all its cells together, records excluded); past it, "
         "every further output is dropped and the incident says so.")).tag(config=True)
@@ -104,10 +105,6 @@ class AutogradeSettings(Configurable):
         "never changed.")).tag(config=True)
     similarity_kgram = Int(8, help="Tokens per k-gram of the similarity check."
                            ).tag(config=True)
-    similarity_min_statements = Int(8, help=(
-        "Answers with fewer statements of the student's own (beyond the released template) "
-        "are not compared: short answers to small tasks are written alike by everyone."
-    )).tag(config=True)
     similarity_packages = List(Unicode(), ["source_kernels"], help=(
         "Packages whose modules (the chips, the reference, the operator) answers are "
         "compared with.")).tag(config=True)

@@ -32,6 +32,7 @@ from traitlets import Integer
 from . import dblock, limits, status
 from .config import AutogradeSettings, describe, resolve_environment
 from .kernel import KernelSetup
+from .parallel import limit_grader_memory, memory_reason
 from .recording import MIME
 from .sandbox import sandbox_available
 
@@ -93,6 +94,10 @@ class SandboxedExecute(Execute):
 
     def preprocess(self, nb, resources, km=None):
         settings = AutogradeSettings(parent=self)
+        # the grader's own memory, under `nbgrader autograde` as in `autograde grade`'s
+        # workers (set once in the process; never loosened)
+        in_force = limit_grader_memory(settings.grader_memory_mb)
+        memory_mb = in_force // 2 ** 20 if in_force else settings.grader_memory_mb
         nbg = resources["nbgrader"]
         assignment, student = nbg["assignment"], nbg["student"]
         self._settings = settings
@@ -138,6 +143,10 @@ class SandboxedExecute(Execute):
         dblock.release()
         try:
             run_sync(self._async_run_all)()
+        except MemoryError:
+            status.note_failure(os.getcwd(), settings, assignment, student,
+                                memory_reason(memory_mb))
+            raise
         except Exception as exc:
             status.note_failure(os.getcwd(), settings, assignment, student,
                                 f"grading kernel failed: {exc}")
@@ -183,7 +192,15 @@ class SandboxedExecute(Execute):
             self._setup = None
             raise RuntimeError(f"the grading kernel did not start ({exc})"
                                + (f"; {named[1]}" if named else "")) from exc
-        self._setup.close_socket_dir()
+        problems = self._setup.close_socket_dir()
+        if problems:
+            # something of the kernel's could still write into its socket folder on the host
+            # (outside the sandbox's size-limited folders): it does not run a cell
+            await self._stop()
+            raise RuntimeError("the grading kernel kept a way to write into its socket "
+                               "folder after it was closed (socket folder limit): "
+                               + "; ".join(status.printable(p, limit=300)
+                                           for p in problems[:3]))
         self.log.debug("kernel %d up in %.2f s", self._incarnation, time.monotonic() - started)
 
     async def _stop(self):

@@ -15,7 +15,7 @@ from jupyter_client.manager import AsyncKernelManager
 from . import gpus, uids, view
 from .config import cores
 
-__all__ = ["SandboxKernelManager", "KernelSetup", "VIEW_PATH"]
+__all__ = ["SandboxKernelManager", "KernelSetup", "VIEW_PATH", "socket_dir_problems"]
 
 # where the kernel finds its view of the course packages (autograde.view), first on its path
 VIEW_PATH = "/course"
@@ -183,10 +183,20 @@ class KernelSetup:
         return km
 
     def close_socket_dir(self):
-        """Once the kernel has bound its sockets, take the folder back from its uid."""
-        if self.mode == "bwrap":
-            os.chown(self.sock_dir, 0, 0)
-            os.chmod(self.sock_dir, 0o700)
+        """Once the kernel has bound its sockets, take the folder back from its uid (root's,
+        0700: the kernel can no longer enter it, list it or create anything in it), then make
+        sure that nothing of the kernel's can still write there: no process of its uid holds
+        a descriptor, a working folder or a mapping inside it, and it holds nothing but the
+        kernel's sockets.  The folder is on the host's disk, outside the sandbox's size-limited
+        folders, so a descriptor kept from before would write there without a bound but the
+        per-file limit.  Only the course's startup code has run when the folder is closed (no
+        cell has been sent), so this is a proof, not a race.  Returns what was found (empty
+        when the folder is closed)."""
+        if self.mode != "bwrap":
+            return []
+        os.chown(self.sock_dir, 0, 0)
+        os.chmod(self.sock_dir, 0o700)
+        return socket_dir_problems(self.sock_dir, self.uid)
 
     def exit_report(self):
         """What the launcher wrote when the kernel exited (status, signal, its first and last
@@ -216,6 +226,66 @@ class KernelSetup:
             scrub_and_release()
         else:
             threading.Thread(target=scrub_and_release, daemon=True).start()
+
+
+def _inside_folder(path, folder):
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def socket_dir_problems(folder, uid, limit=20):
+    """What could still write into the kernel's socket folder ``folder``: each process of
+    ``uid`` with an open file, a working or root folder or a mapped file inside it, and each
+    entry of the folder that is not a socket (with its size).  Empty when there is none."""
+    import stat as stat_module
+    folder = os.path.realpath(folder)
+    found = []
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        pids = []
+    for pid in pids:
+        base = f"/proc/{pid}"
+        try:
+            if os.stat(base).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        held = set()
+        links = [os.path.join(base, "cwd"), os.path.join(base, "root")]
+        try:
+            links += [os.path.join(base, "fd", fd) for fd in os.listdir(os.path.join(base, "fd"))]
+        except OSError:
+            pass
+        for link in links:
+            try:
+                target = os.readlink(link)
+            except OSError:
+                continue
+            if _inside_folder(target, folder):
+                held.add(target)
+        try:
+            with open(os.path.join(base, "maps")) as fh:
+                for line in fh:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6 and _inside_folder(parts[5].strip(), folder):
+                        held.add(parts[5].strip())
+        except OSError:
+            pass
+        for target in sorted(held):
+            found.append(f"process {pid} of the kernel's uid holds {target}")
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError:
+        entries = []
+    for name in entries:
+        path = os.path.join(folder, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat_module.S_ISSOCK(info.st_mode):
+            found.append(f"a file that is not a socket: {path} ({info.st_size} bytes)")
+    return found[:limit]
 
 
 class SandboxKernelManager(AsyncKernelManager):

@@ -24,6 +24,8 @@ __all__ = ["configure"]
 
 
 def configure(c):
+    from .logs import escape_log_records
+    escape_log_records()          # what a submission names reaches the terminal escaped
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput,
                                         DeduplicateIds, GetGrades, LimitOutput, OverwriteCells,

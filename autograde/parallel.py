@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-__all__ = ["grade_class", "plan", "default_workers"]
+__all__ = ["grade_class", "plan", "default_workers", "limit_grader_memory", "memory_reason"]
 
 
 def _load_config(root):
@@ -121,23 +121,43 @@ def _init_worker(root, assignment, counter, workers, log_dir, sqlite=True):
 
 
 def _limit_memory(root):
-    """Bound this worker's memory (RLIMIT_DATA: heap and private writable mappings, which a
-    GPU driver's address-space reservations are not), so that one submission's grading
-    cannot take the host's memory from the other workers."""
-    import resource
-
+    """Bound this worker's memory (see :func:`limit_grader_memory`), so that one
+    submission's grading cannot take the host's memory from the other workers."""
     from .config import AutogradeSettings
     try:
         limit = AutogradeSettings(config=_load_config(root)).grader_memory_mb
     except Exception:                                   # noqa: BLE001
         limit = AutogradeSettings().grader_memory_mb
     _worker_state["memory_mb"] = limit
-    if limit:
-        size = int(limit) * 2 ** 20
-        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-        if hard != resource.RLIM_INFINITY:
-            size = min(size, hard)
+    limit_grader_memory(limit)
+
+
+def limit_grader_memory(megabytes):
+    """Bound this process's memory to ``megabytes`` MiB (RLIMIT_DATA: heap and private
+    writable mappings, which a GPU driver's address-space reservations are not); a later call
+    never loosens an earlier one.  Set in each worker of ``python -m autograde grade`` and,
+    under plain ``nbgrader autograde``, once in its process by the preprocessor that runs the
+    notebooks.  Returns the limit now in force (bytes), None when there is none."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if megabytes:
+        size = int(megabytes) * 2 ** 20
+        for current in (soft, hard):
+            if current != resource.RLIM_INFINITY:
+                size = min(size, current)
         resource.setrlimit(resource.RLIMIT_DATA, (size, size))
+        soft = size
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def memory_reason(megabytes):
+    """What the ledger says of a submission whose grading ran out of memory in the grader
+    (``megabytes``: the grader's limit in force, 0 or None when there was none)."""
+    if not megabytes:
+        return ("grader memory: the grader ran out of memory grading this submission (no "
+                "limit is set: AutogradeSettings.grader_memory_mb = 0)")
+    return (f"grader memory limit: grading this submission needed more than the grader's "
+            f"{megabytes} MiB (AutogradeSettings.grader_memory_mb)")
 
 
 def _grade_one(task):
@@ -192,9 +212,7 @@ def _note_grader_limit(root, assignment, student):
     try:
         settings = AutogradeSettings(config=_load_config(root))
         status.note_failure(root, settings, assignment, student,
-                            f"grader memory limit: grading this submission needed more than "
-                            f"the grader's {_worker_state.get('memory_mb')} MiB "
-                            "(AutogradeSettings.grader_memory_mb)")
+                            memory_reason(_worker_state.get("memory_mb")))
     except Exception:                                   # noqa: BLE001
         pass
 

@@ -273,6 +273,7 @@ def _install(fn, sid, slot):
 
 
 def _tensor_args(args, kwargs):
+    """The tensors among the arguments themselves: (position or keyword, tensor)."""
     import torch
     found = []
     for i, a in enumerate(args):
@@ -282,6 +283,101 @@ def _tensor_args(args, kwargs):
         if isinstance(a, torch.Tensor):
             found.append((k, a))
     return found
+
+
+_NEST_DEPTH = 4                 # containers inside containers that are looked into
+_NEST_ITEMS = 4096              # items looked at per argument
+
+
+def _is_namedtuple(value):
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def _nested(value, depth=0, budget=None):
+    """(path, tensor) for every tensor held in ``value``'s lists, tuples (named tuples too)
+    and dicts, down to a few levels; a path is the keys from ``value`` to the tensor."""
+    import torch
+    budget = [_NEST_ITEMS] if budget is None else budget
+    found = []
+    if depth >= _NEST_DEPTH or budget[0] <= 0:
+        return found
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    else:
+        return found
+    for key, item in items:
+        budget[0] -= 1
+        if budget[0] < 0:
+            break
+        if isinstance(item, torch.Tensor):
+            found.append(((key,), item))
+        else:
+            found.extend(((key,) + path, t) for path, t in _nested(item, depth + 1, budget))
+    return found
+
+
+def _with_copies(value, watched, top, depth=0, path=()):
+    """``value`` with every tensor nested in its lists, tuples and dicts replaced by a private
+    copy (the containers are new ones of the same kind); each pair goes into ``watched``."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        copy = private_copy(value)
+        watched.append(((top,) + path if path else top, value, copy, None))
+        return copy
+    if depth >= _NEST_DEPTH:
+        return value
+    if isinstance(value, dict) and type(value) in (dict,) + _dict_kinds():
+        out = type(value)() if type(value) is not dict else {}
+        for key, item in value.items():
+            out[key] = _with_copies(item, watched, top, depth + 1, path + (key,))
+        return out
+    if isinstance(value, list) and type(value) is list:
+        return [_with_copies(item, watched, top, depth + 1, path + (i,))
+                for i, item in enumerate(value)]
+    if _is_namedtuple(value):
+        return type(value)(*[_with_copies(item, watched, top, depth + 1, path + (i,))
+                             for i, item in enumerate(value)])
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(_with_copies(item, watched, top, depth + 1, path + (i,))
+                     for i, item in enumerate(value))
+    return value
+
+
+def _dict_kinds():
+    import collections
+    return (collections.OrderedDict,)
+
+
+def _watched_inputs(args, kwargs):
+    """(where, tensor) for the tensors among the arguments and those nested in them; a nested
+    one's ``where`` is a tuple: the argument, then the keys down to it."""
+    import torch
+    found = []
+    for where, a in list(enumerate(args)) + list(kwargs.items()):
+        if isinstance(a, torch.Tensor):
+            found.append((where, a))
+        else:
+            found.extend(((where,) + path, t) for path, t in _nested(a))
+    return found
+
+
+def nested_name(base, path) -> str:
+    """How a message names a tensor nested in argument ``base`` at ``path`` (a list of keys:
+    ``values[1]``, ``inputs['weights']``); a key that is neither a small integer nor a short
+    identifier is shown as ``[...]``, so a record cannot put text of its own in the message."""
+    import keyword
+    out = base
+    for key in list(path)[:_NEST_DEPTH] if isinstance(path, (list, tuple)) else []:
+        if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < 10 ** 6:
+            out += f"[{key}]"
+        elif isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key) \
+                and key.isascii() and len(key) <= 32:
+            out += f"['{key}']"
+        else:
+            out += "[...]"
+    return out
 
 
 def _changed(before, after) -> bool:
@@ -364,18 +460,13 @@ def _recorded_call(key, args, kwargs):
     private = not is_kernel and not share
     watched = []                                   # (where, check's tensor, tensor passed, snapshot)
     if private:
-        args = list(args)
-        kwargs = dict(kwargs)
-        for where, t in _tensor_args(args, kwargs):
-            copy = private_copy(t)
-            if isinstance(where, int):
-                args[where] = copy
-            else:
-                kwargs[where] = copy
-            watched.append((where, t, copy, None))
-        args = tuple(args)
+        # every tensor the function is handed, also inside lists, tuples and dicts, is a
+        # private copy; the containers are new ones, so nothing of the check's is reachable
+        args = tuple(_with_copies(a, watched, i) for i, a in enumerate(args))
+        kwargs = {k: _with_copies(a, watched, k) for k, a in kwargs.items()}
     else:
-        watched = [(where, t, t, t.detach().clone()) for where, t in _tensor_args(args, kwargs)]
+        watched = [(where, t, t, t.detach().clone())
+                   for where, t in _watched_inputs(args, kwargs)]
     launches_before = (_launches[0], len(_launches[1]))
     _depth += 1
     note = {"e": "call", "s": sid, "slot": slot}
@@ -401,7 +492,7 @@ def _recorded_call(key, args, kwargs):
                 changed = True
             if not changed:
                 continue
-            if where in writes:
+            if not isinstance(where, tuple) and where in writes:
                 try:
                     mutated.append([where, codec.encode(passed.detach())])
                 except Exception:                  # noqa: BLE001
@@ -410,7 +501,11 @@ def _recorded_call(key, args, kwargs):
                     with torch.no_grad():
                         theirs.copy_(passed.detach())
                 continue
-            wrote.append([where, argument_name(where, names)])
+            if isinstance(where, tuple):           # a tensor nested in an argument
+                top, path = where[0], list(where[1:])
+                wrote.append([top, argument_name(top, names), _plain_keys(path)])
+            else:
+                wrote.append([where, argument_name(where, names)])
             if snapshot is not None:               # the check's own tensor: put it back
                 try:
                     with torch.no_grad():
@@ -425,8 +520,23 @@ def _recorded_call(key, args, kwargs):
         note["kernels"] = _launches[1][launches_before[1]:][:50]
         _events.append(note)
     if wrote:
-        raise InputChanged(wrote_into_message(display, wrote[0][1], is_kernel))
+        first = wrote[0]
+        shown = nested_name(first[1], first[2]) if len(first) > 2 else first[1]
+        raise InputChanged(wrote_into_message(display, shown, is_kernel))
     return result
+
+
+def _plain_keys(path):
+    """A nested tensor's keys as a record carries them (JSON: ints and short strings)."""
+    out = []
+    for key in path:
+        if isinstance(key, int) and not isinstance(key, bool):
+            out.append(key)
+        elif isinstance(key, str):
+            out.append(key[:64])
+        else:
+            out.append(None)
+    return out
 
 
 def _display_name(fn):
@@ -641,9 +751,11 @@ class ReplayContext:
         for entry in ev.get("wrote") or []:
             where = entry[0] if isinstance(entry, list) and entry else None
             name = entry[1] if isinstance(entry, list) and len(entry) > 1 else None
-            raise InputChanged(wrote_into_message(
-                proxy.__name__, argument_name(name if isinstance(name, str) else where, []),
-                bool(ev.get("kernel"))))
+            shown = argument_name(name if isinstance(name, str) else where, [])
+            if isinstance(entry, list) and len(entry) > 2 and isinstance(entry[2], list):
+                shown = nested_name(shown, entry[2])
+            raise InputChanged(wrote_into_message(proxy.__name__, shown,
+                                                  bool(ev.get("kernel"))))
         for target, value in outputs:              # the outputs the check handed to be written
             new = codec.decode(value, device_map=self.device_map)
             if not isinstance(new, torch.Tensor) or new.shape != target.shape:

@@ -42,7 +42,7 @@ import sys
 import threading
 
 __all__ = ["build_command", "sandbox_available", "main", "KERNEL_CWD", "CONNECTION_PATH",
-           "PYTHON_FLAGS"]
+           "PYTHON_FLAGS", "exit_message"]
 
 KERNEL_CWD = "/submission"
 CONNECTION_PATH = "/run/autograde/connection.json"
@@ -340,10 +340,18 @@ def launch(spec_path, connection_file, extra_args):
     _write_exit_report(spec_path, code, b"".join(kept), tail[0] if tail else b"",
                        round(cpu[0], 2))
     if code != 0:
-        text = b"".join(kept).decode(errors="replace").strip()
-        sys.stderr.write(f"[autograde sandbox] kernel exited with status {code}"
-                         + (f"; its first output:\n{text}\n" if text else "\n"))
+        sys.stderr.write(exit_message(code, b"".join(kept)))
     return code
+
+
+def exit_message(code, output):
+    """The launcher's line on the grader's stderr (the instructor's terminal under nbgrader
+    autograde) for a kernel that exited with ``code``: the kernel's first output, which the
+    submission controls, escaped (no terminal control character reaches the terminal)."""
+    from .logs import escaped                    # the standard library only: see there
+    text = escaped(output.decode(errors="replace").strip(), limit=_KEEP_OUTPUT)
+    return (f"[autograde sandbox] kernel exited with status {code}"
+            + (f"; its first output:\n{text}\n" if text else "\n"))
 
 
 def _launch_unsandboxed(spec, connection_file):

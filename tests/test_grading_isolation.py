@@ -375,6 +375,107 @@ def test_keys_and_files_of_one_submission_do_not_reach_the_next(released, tmp_pa
     assert set(uids) == {planted["uid"]}
 
 
+# ------------------------------------------------------------------ the socket folder
+SOCKET_FOLDER = '''
+import json, os
+folder = os.path.dirname(json.load(open("/run/autograde/connection.json"))["ip"])
+seen = {}
+for name, attempt in (("list", lambda: os.listdir(folder)),
+                      ("write", lambda: open(os.path.join(folder, "spill"), "w").write("x")),
+                      ("link", lambda: os.symlink("/tmp", os.path.join(folder, "spill")))):
+    try:
+        attempt()
+        seen[name] = "done"
+    except OSError as exc:
+        seen[name] = type(exc).__name__
+print("SEEN", json.dumps(seen))
+'''
+# what an ipykernel_launcher.py of the submission did (issue 30): keep a file of the socket
+# folder open from before the folder is closed; only the course's startup code runs that
+# early now, so the test puts it there
+KEEP_A_HANDLE = ("; import json as _j, os as _o; _spill = open(_o.path.join(_o.path.dirname("
+                 "_j.load(open('/run/autograde/connection.json'))['ip']), 'spill'), 'w')")
+
+
+async def _sandboxed_kernel(code, extra_startup="", uid=64910):
+    """Start one grading kernel in the sandbox (as the grader does), close its socket folder,
+    run ``code``; returns (what close_socket_dir found, the cell's stdout, the folder's
+    entries and the size of any spill file afterwards)."""
+    from autograde.config import AutogradeSettings
+    from autograde.kernel import KernelSetup
+
+    settings = AutogradeSettings(kernel_uid=uid, kernel_uid_count=4)
+    setup = KernelSetup(mode="bwrap", environment="cpu", settings=settings, seed="ab" * 16,
+                        assignment=ASSIGNMENT)
+    if extra_startup:
+        with open(setup.spec_path) as fh:
+            spec = json.load(fh)
+        spec["kernel_args"] = [spec["kernel_args"][0] + extra_startup]
+        with open(setup.spec_path, "w") as fh:
+            json.dump(spec, fh)
+    km = setup.kernel_manager()
+    kc = None
+    try:
+        await km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=180)
+        problems = setup.close_socket_dir()
+        msg_id = kc.execute(code)
+        text = ""
+        while True:
+            msg = await kc.get_iopub_msg(timeout=120)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
+            elif msg["msg_type"] == "error":
+                text += msg["content"]["ename"] + ": " + msg["content"]["evalue"]
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        spill = os.path.join(setup.sock_dir, "spill")
+        entries = sorted(os.listdir(setup.sock_dir))
+        size = os.path.getsize(spill) if os.path.exists(spill) else None
+        return problems, text, entries, size
+    finally:
+        if kc is not None:
+            kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+        setup.cleanup(wait=True)
+
+
+def test_the_kernel_cannot_write_into_its_socket_folder_once_closed():
+    """Issue 30: the kernel's ZeroMQ socket folder is a host folder, outside the sandbox's
+    size- and inode-limited folders.  Once the kernel is up the grader takes it back: a cell
+    can neither list it nor create anything in it, and the grader's check finds no process of
+    the kernel's uid holding anything there."""
+    import asyncio
+
+    _sandbox_or_skip()
+    problems, text, entries, size = asyncio.run(_sandboxed_kernel(SOCKET_FOLDER))
+    assert problems == [], problems
+    seen = json.loads(text.split("SEEN", 1)[1].strip().splitlines()[0])
+    assert seen == {"list": "PermissionError", "write": "PermissionError",
+                    "link": "PermissionError"}, seen
+    assert size is None and all(e.startswith("k-") for e in entries), entries
+
+
+def test_a_handle_kept_on_the_socket_folder_is_found_when_it_is_closed():
+    """A descriptor opened before the folder was closed still writes there (the permission
+    is checked at open), without a bound but the per-file limit: the grader's check at close
+    names it, and the grading command then does not run the notebook in that kernel."""
+    import asyncio
+
+    _sandbox_or_skip()
+    problems, text, entries, size = asyncio.run(_sandboxed_kernel(
+        "_spill.write('x' * 4096); _spill.flush(); print('WROTE')", KEEP_A_HANDLE))
+    assert "WROTE" in text, text                       # the mechanism the check guards against
+    assert size == 4096 and "spill" in entries
+    assert any("of the kernel's uid holds" in p and p.endswith("/spill") for p in problems), \
+        problems
+    assert any("a file that is not a socket" in p for p in problems), problems
+
+
 # ------------------------------------------------------------------ no sandbox
 def test_without_a_sandbox_the_console_says_so(released, tmp_path):
     _, b = released

@@ -212,3 +212,51 @@ def test_the_report_escapes_what_a_submission_controls(graded):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
     assert "\\x1b]0;owned\\x07" in proc.stdout, proc.stdout
+
+
+# what a submission can make the grader print: an exception whose message carries escapes
+# (clear the screen, a clipboard write, a carriage return and backspaces), and a kernel that
+# writes escapes on its own stderr and exits, which the sandbox's launcher reports
+RAISE_ESCAPES = ('raise ValueError("bad\\x1b[2J\\x1b]52;c;b3duZWQ=\\x07\\r\\x08\\x08\\x9b31m")'
+                 "\n")
+EXIT_ESCAPES = ('import os\nos.write(2, b"\\x1b]0;owned\\x07\\x1b[1A\\r\\x9b2J")\n'
+                "os._exit(3)\n")
+CONTROL = [chr(c) for c in range(0x20) if chr(c) != "\n"] + ["\x7f"] + \
+    [chr(c) for c in range(0x80, 0xa0)]
+
+
+def test_plain_nbgrader_autograde_prints_nothing_a_submission_controls_raw(tmp_path):
+    """``nbgrader autograde`` (nbgrader's own log lines, which name the student's folder and
+    the exceptions of a submission, and the sandbox launcher's report of a kernel that exited):
+    no control character a submission chose reaches the terminal; the escaped text does."""
+    require_grading_sandbox()
+    course = tmp_path / "course"
+    shutil.copytree(FIXTURE, course)
+    run_checked([VENV_BIN / "nbgrader", "generate_assignment", ASSIGNMENT], cwd=course,
+                env=_env())
+    with open(course / "nbgrader_config.py", "a") as fh:
+        fh.write("\nc.AutogradeSettings.lab_timeouts = {'labfx': 120}\n"
+                 "c.AutogradeSettings.similarity_threshold = 0\n"
+                 "c.AutogradeSettings.max_restarts = 1\n"
+                 "c.AutogradeSettings.kernel_uid = 64720\n")
+    builder = synthetic_class_generator().Builder(str(course))
+    students = {}
+    for student, source in ((ESCAPED_ID, RAISE_ESCAPES), ("exits\x1b[2Jloud", EXIT_ESCAPES)):
+        nb = builder.all_correct(builder.fresh())
+        builder.answer(nb, "lerp_solution", source)
+        students[student] = nb
+    for student, nb in students.items():
+        folder = course / "submitted" / student / ASSIGNMENT
+        folder.mkdir(parents=True)
+        (folder / "timestamp.txt").write_text("2026-11-20 12:00:00.000000 UTC")
+        nbformat.write(nb, folder / f"{ASSIGNMENT}.ipynb")
+    proc = subprocess.run([VENV_BIN / "nbgrader", "autograde", ASSIGNMENT], cwd=course,
+                          env=_env(), capture_output=True, text=True, timeout=900)
+    printed = proc.stdout + proc.stderr
+    assert proc.returncode == 0, printed[-4000:]
+    assert not [c for c in CONTROL if c in printed], \
+        sorted({repr(c) for c in CONTROL if c in printed})
+    assert "mallory\\x1b[2J" in printed, printed[-3000:]        # the folder, escaped
+    assert "exits\\x1b[2Jloud" in printed, printed[-3000:]
+    assert "kernel exited with status" in printed and "\\x1b]0;owned\\x07" in printed, \
+        printed[-3000:]
