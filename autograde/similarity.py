@@ -12,9 +12,9 @@ and minus what the notebook prescribes.  It is compared with
 - the same cell of the lab's source notebook (the solution);
 - every module of the course's packages (``AutogradeSettings.similarity_packages``: the
   chips, the reference, the operator's modules), one source file at a time, each with the
-  functions it imports by name from another module of the course (``forward.py`` with the
-  ``sampling.py`` helpers its kernel calls: a paste of the kernel and its helpers is compared
-  with all of what it took);
+  ``@triton.jit`` functions it imports by name from another module of the course
+  (``forward.py`` with the ``sampling.py`` helpers its kernel calls: a paste of the kernel and
+  its helpers is compared with all of what it took);
 - the same cell of every other submission of the lab, where both answers hold at least
   ``MIN_FINGERPRINTS`` fingerprints that no course code holds (``PAIRS_BEYOND_COURSE``): an
   answer made of little but what the solution or a module holds is compared with those, and
@@ -99,7 +99,7 @@ SPAN = True                 # k-grams across statements (MOSS); False: inside ea
 WINDOW = 3                  # winnowing window, in k-grams
 MIN_FINGERPRINTS = 4        # own fingerprints an answer needs to be compared at all
 IDIOM_MODULES = 0           # a fingerprint in this many course modules is an idiom (0: off)
-PAIRS_BEYOND_COURSE = True  # two students compared on what they share beyond the course's code
+PAIRS_BEYOND_COURSE = True  # two students compared only if both hold fingerprints no course code holds
 PRESCRIBED_SHARE = 0.5      # a k-gram with more than this share of prescribed tokens is dropped
 CALIBRATION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "results", "similarity_calibration.json")
@@ -727,12 +727,18 @@ def _top_units(text):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
 
 
+def _jitted(node):
+    return any(re.search(r"\bjit\b", ast.unparse(d)) for d in node.decorator_list)
+
+
 def _imported_definitions(path, text, files):
-    """[(path, name, source)] of the top-level functions that module ``path`` imports by name
-    from another module of the course (``from .sampling import corner_tile``, ``from
-    source_kernels.sampling import corner_tile``): forward.py's kernel is its text and the
-    helpers it calls, so that an answer that pastes the kernel and its helpers is compared with
-    the whole of what it copies, not with one half at a time."""
+    """[(path, name, source)] of the ``@triton.jit`` functions that module ``path`` imports by
+    name from another module of the course (``from .sampling import corner_tile``, ``from
+    source_kernels.sampling import corner_tile``) and calls from a kernel of its own.  A
+    kernel can call only jitted functions, so a kernel pasted into an answer carries the
+    helpers it calls: forward.py's kernel is compared together with them, not with one half
+    at a time.  (Host functions, and kernels that only host code launches, are sources of
+    their own and are not repeated.)"""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -741,6 +747,9 @@ def _imported_definitions(path, text, files):
     for f in files:
         parts = os.path.splitext(os.path.realpath(f))[0].split(os.sep)
         by_module.setdefault(parts[-1], []).append(f)
+    called = {n.func.id for f in tree.body
+              if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and _jitted(f)
+              for n in ast.walk(f) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     here = os.path.dirname(os.path.realpath(path))
     out = []
     for node in tree.body:
@@ -756,13 +765,13 @@ def _imported_definitions(path, text, files):
             with open(candidates[0], encoding="utf-8") as fh:
                 other = fh.read()
             defs = {n.name: n for n in ast.parse(other).body
-                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _jitted(n)}
         except (OSError, SyntaxError):
             continue
         lines = other.splitlines()
         for alias in node.names:
             d = defs.get(alias.name)
-            if d is not None:
+            if d is not None and (alias.asname or alias.name) in called:
                 first = min([d.lineno] + [x.lineno for x in d.decorator_list])
                 out.append((candidates[0], alias.name,
                             "\n".join(lines[first - 1:d.end_lineno])))
