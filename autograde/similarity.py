@@ -11,8 +11,16 @@ and minus what the notebook prescribes.  It is compared with
 
 - the same cell of the lab's source notebook (the solution);
 - every module of the course's packages (``AutogradeSettings.similarity_packages``: the
-  chips, the reference, the operator's modules), one source file at a time;
-- the same cell of every other submission of the lab.
+  chips, the reference, the operator's modules), one source file at a time, each with the
+  ``@triton.jit`` functions it imports by name from another module of the course
+  (``forward.py`` with the ``sampling.py`` helpers its kernel calls: a paste of the kernel and
+  its helpers is compared with all of what it took);
+- the same cell of every other submission of the lab, where both answers hold at least
+  ``MIN_FINGERPRINTS`` fingerprints that no course code holds (``PAIRS_BEYOND_COURSE``): an
+  answer made of little but what the solution or a module holds is compared with those, and
+  is listed there if it took them; compared with its classmates as well, an honest answer
+  that converges with a solution the notebook prescribes step by step would be listed as
+  "similar to" the classmate who pasted that solution.
 
 How the code is normalised (so that renaming, comments and respelling do not hide a copy):
 the code is parsed; docstrings and comments go; a call through a module (``torch.floor(x)``,
@@ -92,6 +100,7 @@ SPAN = True                 # k-grams across statements (MOSS); False: inside ea
 WINDOW = 3                  # winnowing window, in k-grams
 MIN_FINGERPRINTS = 4        # own fingerprints an answer needs to be compared at all
 IDIOM_MODULES = 0           # a fingerprint in this many course modules is an idiom (0: off)
+PAIRS_BEYOND_COURSE = True  # two students compared only if both hold fingerprints no course code holds
 PRESCRIBED_SHARE = 0.5      # a k-gram with more than this share of prescribed tokens is dropped
 CALIBRATION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "results", "similarity_calibration.json")
@@ -733,8 +742,59 @@ def _top_units(text):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
 
 
+def _jitted(node):
+    return any(re.search(r"\bjit\b", ast.unparse(d)) for d in node.decorator_list)
+
+
+def _imported_definitions(path, text, files):
+    """[(path, name, source)] of the ``@triton.jit`` functions that module ``path`` imports by
+    name from another module of the course (``from .sampling import corner_tile``, ``from
+    source_kernels.sampling import corner_tile``) and calls from a kernel of its own.  A
+    kernel can call only jitted functions, so a kernel pasted into an answer carries the
+    helpers it calls: forward.py's kernel is compared together with them, not with one half
+    at a time.  (Host functions, and kernels that only host code launches, are sources of
+    their own and are not repeated.)"""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    by_module = {}
+    for f in files:
+        parts = os.path.splitext(os.path.realpath(f))[0].split(os.sep)
+        by_module.setdefault(parts[-1], []).append(f)
+    called = {n.func.id for f in tree.body
+              if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and _jitted(f)
+              for n in ast.walk(f) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    here = os.path.dirname(os.path.realpath(path))
+    out = []
+    for node in tree.body:
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        leaf = node.module.split(".")[-1]
+        candidates = [f for f in by_module.get(leaf, ())
+                      if os.path.realpath(f) != os.path.realpath(path) and
+                      (node.level == 0 or os.path.dirname(os.path.realpath(f)) == here)]
+        if len(candidates) != 1:
+            continue
+        try:
+            with open(candidates[0], encoding="utf-8") as fh:
+                other = fh.read()
+            defs = {n.name: n for n in ast.parse(other).body
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _jitted(n)}
+        except (OSError, SyntaxError):
+            continue
+        lines = other.splitlines()
+        for alias in node.names:
+            d = defs.get(alias.name)
+            if d is not None and (alias.asname or alias.name) in called:
+                first = min([d.lineno] + [x.lineno for x in d.decorator_list])
+                out.append((candidates[0], alias.name,
+                            "\n".join(lines[first - 1:d.end_lineno])))
+    return out
+
+
 _MEMO = {}
-_VERSION = 2                # of the cached fingerprints: bump when the normalisation changes
+_VERSION = 3                # of the cached fingerprints: bump when the normalisation changes
 
 
 def _load_cache(path):
@@ -798,15 +858,26 @@ class _Sources:
         self.modules = []
         stored = _load_cache(cache)
         fresh = {}
-        for path in _package_files(packages):
+        files = _package_files(packages)
+        for path in files:
             try:
                 info = os.stat(path)
                 with open(path, encoding="utf-8") as fh:
                     text = fh.read()
             except OSError:
                 continue
+            helpers = _imported_definitions(path, text, files)
+            stamp = ""
+            for other in sorted({h[0] for h in helpers}):
+                try:
+                    more = os.stat(other)
+                except OSError:
+                    continue
+                stamp += f":{os.path.realpath(other)}:{more.st_mtime_ns}:{more.st_size}"
+            for other, name, src in helpers:
+                text += f"\n\n\n# {name}, from {_course_label(other, packages)}\n{src}\n"
             key = f"{_VERSION}:{os.path.realpath(path)}:{info.st_mtime_ns}:{info.st_size}:" \
-                  f"{k}:{WINDOW}"
+                  f"{k}:{WINDOW}{stamp}"
             if key not in stored:
                 stored[key] = [[h, sorted(lines)] for h, lines in
                                fingerprints(units(text), k).items()]
@@ -942,9 +1013,23 @@ def _scores(sources, submissions):
                 if shared:
                     found.append((student, name, gid, "module", module,
                                   sum(weight(h) for h in shared) / total[student], shared))
+        # two students are compared only when each of them wrote something beyond the
+        # course's code (the solution and the course modules): an answer that holds almost
+        # nothing else is compared with the course's code, where it is listed on its own if
+        # it took it, and comparing it with classmates too would list an honest answer that
+        # converges with the solution as "similar to" a classmate who pasted the solution
+        course = set()
+        if PAIRS_BEYOND_COURSE:
+            if solution is not None:
+                course |= set(solution.prints)
+            for module in sources.modules:
+                course |= set(module.prints)
+        beyond = {student: len(set(prints) - course) for student, (_, prints) in answers.items()}
         students = sorted(answers)
         for i, a in enumerate(students):
             for b in students[i + 1:]:
+                if min(beyond[a], beyond[b]) < MIN_FINGERPRINTS:
+                    continue
                 shared = set(answers[a][1]) & set(answers[b][1])
                 found.append((a, name, gid, "student", b,
                               sum(weight(h) for h in shared) / min(total[a], total[b]),

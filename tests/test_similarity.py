@@ -108,10 +108,10 @@ LABS = sorted(p.name for p in CORPUS.iterdir() if p.is_dir())
 
 # Cells where no threshold lists every copy and no honest answer (the calibration's
 # "separated": false): the threshold sits above the honest answers and the copies it misses
-# are named in results/similarity_calibration.json.  Lab 05's kernel: the notebook prescribes
-# it step by step, so an honest kernel that follows it and the solution with its independent
-# statements reordered come out alike.
-NOT_SEPARATED = {("lab05_forward_correct", "lab05_kernel")}
+# are named in results/similarity_calibration.json.  None: lab 05's kernel, which the notebook
+# prescribes step by step, is separated since the modules carry the helpers they import and
+# two students are compared only on answers that hold something beyond the course's code.
+NOT_SEPARATED = set()
 
 
 @pytest.mark.parametrize("lab", LABS)
@@ -291,3 +291,58 @@ def test_cells_the_course_does_not_know_are_not_compared():
                                                       "c": {lab: plain}})
     assert set(flags) == {"c"}, flags
     assert all("\x1b" not in r for r in flags["c"])
+
+
+def test_a_module_is_compared_with_the_helpers_it_imports():
+    """forward.py's kernel calls pixel_corners and corner_tile from sampling.py: a paste of
+    the kernel with those helpers is measured against the module and its helpers together."""
+    settings = AutogradeSettings()
+    sources = similarity._Sources(settings, {}, {})
+    forward = [m for m in sources.modules if m.label == "source_kernels/forward.py"]
+    assert len(forward) == 1
+    assert "def pixel_corners(" in forward[0].text and "def corner_tile(" in forward[0].text
+    assert {"pixel_corners", "corner_tile"} <= {n for n, _, _ in forward[0].units_named}
+    lab = "lab05_forward_correct"
+    text = (CORPUS / lab / "lab05_kernel" / "copy_forward_pasted.py").read_text()
+    source = _source_nb(lab)
+    sources = similarity._Sources(settings, {lab: source}, {lab: similarity.released(source)})
+    prints = set(sources.own(lab, "lab05_kernel", text))
+    forward = [m for m in sources.modules if m.label == "source_kernels/forward.py"][0]
+    alone = similarity.fingerprints(similarity.units(
+        (REPO / "source_kernels" / "forward.py").read_text()), settings.similarity_kgram)
+    with_helpers = len(prints & set(forward.prints)) / len(prints)
+    without = len(prints & set(alone)) / len(prints)
+    assert with_helpers > 0.9 and without < 0.75, (with_helpers, without)
+
+
+def test_a_classmate_who_pasted_the_solution_does_not_list_an_honest_answer():
+    """An honest kernel that follows lab 05's steps converges with the solution; the
+    classmate who pasted the solution is listed against it, the honest student with no one."""
+    lab = "lab05_forward_correct"
+    source = _source_nb(lab)
+    settings = AutogradeSettings()
+    sources = similarity._Sources(settings, {lab: source}, {lab: similarity.released(source)})
+    folder = CORPUS / lab / "lab05_kernel"
+    corpus = {"lab05_kernel": {
+        "copy_solution_rewritten": ((folder / "copy_solution_rewritten.py").read_text(),
+                                    "solution"),
+        "honest_per_level_sum": ((folder / "honest_per_level_sum.py").read_text(), None),
+        "honest_2d_masks": ((folder / "honest_2d_masks.py").read_text(), None)}}
+    submissions = {s: {lab: nb} for s, nb in similarity._corpus_class(source, corpus).items()}
+    calibration = json.loads(CALIBRATION.read_text())
+    flags, record = similarity.compare(settings, sources, submissions, calibration=calibration)
+    assert set(flags) == {"lab05_kernel:copy_solution_rewritten"}, flags
+    assert any("to the lab's solution" in r for r in flags["lab05_kernel:copy_solution_rewritten"])
+    # without the rule, the pair with the pasted solution stands above the honest answer's
+    # own similarity to the solution
+    try:
+        similarity.PAIRS_BEYOND_COURSE = False
+        _, found = similarity._scores(sources, submissions)
+    finally:
+        similarity.PAIRS_BEYOND_COURSE = True
+    pair = [e[5] for e in found if e[3] == "student" and
+            {e[0], e[4]} == {"lab05_kernel:copy_solution_rewritten",
+                             "lab05_kernel:honest_per_level_sum"}]
+    own = [e[5] for e in found if e[3] == "solution" and
+           e[0] == "lab05_kernel:honest_per_level_sum"]
+    assert pair and own and pair[0] > own[0]
