@@ -212,6 +212,8 @@ def check_bilinear_sample(bilinear_sample_naive, seed=None):
             for x, y in points:
                 try:
                     got = bilinear_sample_naive(image.clone(), x, y)
+                except AssertionError:
+                    raise
                 except IndexError as exc:
                     height, width, _ = image.shape
                     off = _off_map(x, y, height, width)
@@ -220,6 +222,11 @@ def check_bilinear_sample(bilinear_sample_naive, seed=None):
                         f"{y:.4f}) ({tag}) raised IndexError: {exc}\nHint: a corner off the map "
                         f"was indexed ({off}): add a corner only when 0 <= row < H and "
                         "0 <= col < W (row H and column W are one past the last)") from None
+                except Exception as exc:                            # noqa: BLE001
+                    height, width, _ = image.shape
+                    raise _raised(f"bilinear_sample_naive on a {height}x{width} map at (x, y) = "
+                                  f"({x:.4f}, {y:.4f}) ({tag})", "bilinear_sample_naive",
+                                  Raised(exc)) from None
                 results.append((image, x, y, got))
     if not judging():
         return
