@@ -21,6 +21,7 @@ import torch
 from source_kernels.inputs import make_inputs
 
 from .common import Raised, attempt, expect, forbid_references, fresh_generator, judging
+from .demo import NAME_ERROR, is_output, raised as _raised  # noqa: F401  (is_output: demos)
 from .guard import guarded  # noqa: F401  (the notebook's demo cells: check.guarded(...))
 
 CORNERS = ("(y0, x0) top-left", "(y0, x1) top-right", "(y1, x0) bottom-left",
@@ -40,34 +41,6 @@ def _passed(text):
 def _reference(name, *args):
     from source_kernels import reference
     return getattr(reference, name)(*args)
-
-
-def is_output(result, shape, dtype, name):
-    """For a demonstration cell: True when ``result`` (what ``guarded`` returned) is a tensor
-    of ``shape`` and ``dtype``; else print why the cell shows nothing and return False
-    (None: ``guarded`` has already said what was raised)."""
-    if result is None:
-        return False
-    if not isinstance(result, torch.Tensor):
-        print(f"{name} returned {type(result).__name__}, not a tensor of shape {tuple(shape)} "
-              "(the check cell of this step says more; this cell shows nothing until it passes)")
-        return False
-    if tuple(result.shape) != tuple(shape) or result.dtype != dtype:
-        print(f"{name} returned a tensor of shape {tuple(result.shape)} and dtype "
-              f"{result.dtype}, expected shape {tuple(shape)} and dtype {dtype} (the check cell "
-              "of this step says more; this cell shows nothing until it passes)")
-        return False
-    return True
-
-
-def _raised(what, name, got):
-    """The check's message when the student's ``name`` raised (``got``: a ``Raised``)."""
-    from .demo import where
-    exc = got.exc
-    text = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-    hint = f"\nHint: {NAME_ERROR}" if isinstance(exc, NameError) else ""
-    return AssertionError(f"{what}: your {name} raised {type(exc).__name__}{where(exc)}: {text}"
-                          + hint)
 
 
 # ---------------------------------------------------------------------- 1. corners
@@ -333,7 +306,6 @@ def _call_msda(msda_naive, args, what):
 
 
 _RESHAPE = re.compile(r"shape '\[([-\d, ]*)\]' is invalid for input of size (\d+)")
-NAME_ERROR = "a name is used before any line assigns it (a line missing, or a misspelt name)"
 
 
 def _reshape_hint(args, target, size):
