@@ -143,9 +143,10 @@ KERNEL_VIEW = {
          "autograde.checks.lab10": "*", "autograde.checks._operator": "*"},
 }
 
-# the guard of the cells that run the student's kernels outside a check
-# (``autograde.checks.demo``, reached as ``check.guarded`` from labs 06 and 08)
-for _number in (6, 8):
+# the guard of the cells that run the student's code outside a check
+# (``autograde.checks.demo``, reached as ``check.guarded`` from labs 01, 02, 06 and 08; lab 04's
+# checks word a student's exception with it)
+for _number in (1, 2, 4, 6, 8):
     KERNEL_VIEW[_number].update({"autograde.checks.demo": "*", "autograde.checks.guard": "*"})
 
 

@@ -483,15 +483,19 @@ def test_the_baselines_of_the_diagnoses_are_the_reference():
 ], ids=["no corner mask", "the solution"])
 def test_lab06_comparison_cell_runs_the_kernel_under_the_guard(substitutions, words):
     """The cell that runs the student's narrow kernel beside the wide chip reports an access
-    outside a tensor (instead of reading another allocation) and is quiet on the solution."""
+    outside a tensor (instead of reading another allocation) and goes on, printing it without
+    raising (a demonstration cell that raises stops a student's run of the notebook); it is
+    quiet about accesses on the solution."""
     namespace = _namespace("lab06", "lab06_narrow_and_wide",
                            {"lab06_narrow_kernel": substitutions})
     source = dict(_cells("lab06"))["lab06_narrow_and_wide"].source
-    with contextlib.redirect_stdout(io.StringIO()):
-        if words is None:
-            _run(source, "<lab06 narrow_and_wide>", namespace)
-            return
-        with pytest.raises(AssertionError) as failed:
-            _run(source, "<lab06 narrow_and_wide>", namespace)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        _run(source, "<lab06 narrow_and_wide>", namespace)         # must not raise
+    out = printed.getvalue()
+    if words is None:
+        assert "every access checked" not in out and "raised" not in out, out
+        assert "narrow against wide" in out, out
+        return
     for word in words:
-        assert word in str(failed.value), str(failed.value)
+        assert word in out, out

@@ -89,3 +89,38 @@ def guarded(what, hints=None):
         tensor = report.violations[0].tensor
         report.check(what + " (this cell ran your kernel with every access checked)",
                      hints.get(tensor, hints.get(None)))
+
+
+# ---------------------------------------------------------------------- labs 01 and 02
+NAME_ERROR = "a name is used before any line assigns it (a line missing, or a misspelt name)"
+
+
+def raised(what, name, got):
+    """The AssertionError a check raises when the student's ``name`` raised (``got``: a
+    ``common.Raised``): the exception, the notebook line it came from, and for a NameError
+    what that means."""
+    exc = got.exc
+    text = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+    hint = f"\nHint: {NAME_ERROR}" if isinstance(exc, NameError) else ""
+    return AssertionError(f"{what}: your {name} raised {type(exc).__name__}{where(exc)}: {text}"
+                          + hint)
+
+
+def is_output(result, shape, dtype, name):
+    """For a demonstration cell: True when ``result`` (what ``guard.guarded`` returned) is a
+    tensor of ``shape`` and ``dtype``; else print why the cell shows nothing and return False."""
+    import torch
+
+    after = " (the check cell of this step says more; this cell shows nothing until it passes)"
+    if result is None:
+        print(f"{name} gave no result (None){after}")
+        return False
+    if not isinstance(result, torch.Tensor):
+        print(f"{name} returned {type(result).__name__}, not a tensor of shape "
+              f"{tuple(shape)}{after}")
+        return False
+    if tuple(result.shape) != tuple(shape) or result.dtype != dtype:
+        print(f"{name} returned a tensor of shape {tuple(result.shape)} and dtype "
+              f"{result.dtype}, expected shape {tuple(shape)} and dtype {dtype}{after}")
+        return False
+    return True

@@ -14,12 +14,15 @@ by the student's msda_naive is reported as the check's message.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
 from source_kernels.inputs import make_inputs
 
-from .common import expect, forbid_references, fresh_generator, judging
+from .common import Raised, attempt, expect, forbid_references, fresh_generator, judging
+from .demo import NAME_ERROR, is_output, raised as _raised  # noqa: F401  (is_output: demos)
+from .guard import guarded  # noqa: F401  (the notebook's demo cells: check.guarded(...))
 
 CORNERS = ("(y0, x0) top-left", "(y0, x1) top-right", "(y1, x0) bottom-left",
            "(y1, x1) bottom-right")
@@ -54,8 +57,8 @@ def check_corner_weights(pixel_coordinate, bilinear_corner_weights, seed=None):
               (-0.3, 0.7)]
     points += (torch.rand(20, 2, generator=gen, dtype=torch.float64) * 10 - 3).tolist()
     with forbid_references(pixel_coordinate, bilinear_corner_weights):
-        pixels = [pixel_coordinate(x, n) for x, n in coordinates]
-        corners = [bilinear_corner_weights(x_im, y_im) for x_im, y_im in points]
+        pixels = [attempt(pixel_coordinate, x, n) for x, n in coordinates]
+        corners = [attempt(bilinear_corner_weights, x_im, y_im) for x_im, y_im in points]
     if not judging():
         return
     _judge_pixels(pixels, coordinates, tag)
@@ -68,6 +71,8 @@ def check_corner_weights(pixel_coordinate, bilinear_corner_weights, seed=None):
 def _judge_pixels(pixels, coordinates, tag):
     from . import diagnose
     for (x, n), got in zip(coordinates, pixels):
+        if isinstance(got, Raised):
+            raise _raised(f"pixel_coordinate({x:.6g}, {n}) ({tag})", "pixel_coordinate", got)
         expected = _reference("pixel_coordinate", x, n)
         try:
             ok = math.isclose(float(got), expected, rel_tol=1e-12, abs_tol=1e-12)
@@ -77,8 +82,12 @@ def _judge_pixels(pixels, coordinates, tag):
         if not ok:
             xs = torch.tensor([c[0] for c in coordinates], dtype=torch.float64)
             ns = torch.tensor([c[1] for c in coordinates], dtype=torch.float64)
-            hint = diagnose.name_coordinate_mistake(
-                torch.tensor([float(p) for p in pixels], dtype=torch.float64), xs, ns, 1e-9)
+            try:
+                values = torch.tensor([float(p) for p in pixels], dtype=torch.float64)
+            except (TypeError, ValueError):            # another call raised or gave no number
+                hint = None
+            else:
+                hint = diagnose.name_coordinate_mistake(values, xs, ns, 1e-9)
             raise AssertionError(f"pixel_coordinate({x:.6g}, {n}) ({tag}): expected {expected:.6g}, "
                                  f"got {float(got):.6g}\nHint: "
                                  + (hint or "the pixel coordinate is x * size - 0.5"))
@@ -88,11 +97,21 @@ def _judge_corners(got, x_im, y_im, tag):
     from . import diagnose
     expected = _reference("bilinear_corner_weights", x_im, y_im)
     where = f"bilinear_corner_weights({x_im:.6g}, {y_im:.6g}) ({tag})"
-    got = list(got)
+    if isinstance(got, Raised):
+        raise _raised(where, "bilinear_corner_weights", got)
+    try:
+        got = list(got)
+    except TypeError:
+        raise AssertionError(f"{where}: expected a list of 4 corners (row, col, weight), got "
+                             f"{type(got).__name__}") from None
     if len(got) != 4:
         raise AssertionError(f"{where}: expected a list of 4 corners (row, col, weight), got "
                              f"{len(got)}")
-    got = [(int(r), int(c), float(w)) for r, c, w in got]
+    try:
+        got = [(int(r), int(c), float(w)) for r, c, w in got]
+    except (TypeError, ValueError):
+        raise AssertionError(f"{where}: expected 4 corners (row, col, weight) of numbers, got "
+                             f"{got!r:.200}") from None
     total = sum(w for _, _, w in got)
     for name, (row, col, weight), (e_row, e_col, e_weight) in zip(CORNERS, got, expected):
         if (row, col) != (e_row, e_col):
@@ -166,6 +185,8 @@ def check_bilinear_sample(bilinear_sample_naive, seed=None):
             for x, y in points:
                 try:
                     got = bilinear_sample_naive(image.clone(), x, y)
+                except AssertionError:
+                    raise
                 except IndexError as exc:
                     height, width, _ = image.shape
                     off = _off_map(x, y, height, width)
@@ -174,6 +195,11 @@ def check_bilinear_sample(bilinear_sample_naive, seed=None):
                         f"{y:.4f}) ({tag}) raised IndexError: {exc}\nHint: a corner off the map "
                         f"was indexed ({off}): add a corner only when 0 <= row < H and "
                         "0 <= col < W (row H and column W are one past the last)") from None
+                except Exception as exc:                            # noqa: BLE001
+                    height, width, _ = image.shape
+                    raise _raised(f"bilinear_sample_naive on a {height}x{width} map at (x, y) = "
+                                  f"({x:.4f}, {y:.4f}) ({tag})", "bilinear_sample_naive",
+                                  Raised(exc)) from None
                 results.append((image, x, y, got))
     if not judging():
         return
@@ -264,21 +290,48 @@ def _call_msda(msda_naive, args, what):
     except Exception as exc:                                        # noqa: BLE001
         text = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
         hint = "run it on this input yourself and look at the line the traceback names"
-        if isinstance(exc, RuntimeError) and "shape" in text and "invalid" in text:
-            shapes = args["value_spatial_shapes"].tolist()
-            starts = args["value_level_start_index"].tolist()
-            total = args["value"].shape[1]
-            hint = (f"a reshape to (H, W, D) got fewer rows than H * W: a level's rows are "
-                    f"value[b, start:start + H*W] with start = level_start_index[l], and here "
-                    f"the levels {shapes} start at rows {starts} of S = {total}; a start past "
-                    "the level's first row (or a wrong H * W) cuts the slice short at the "
-                    "end of S")
+        reshape = _RESHAPE.search(text) if isinstance(exc, RuntimeError) else None
+        if reshape is not None:
+            hint = _reshape_hint(args, [int(v) for v in reshape.group(1).split(",") if
+                                        v.strip()], int(reshape.group(2)))
         elif isinstance(exc, IndexError):
             hint = ("an index went past a tensor's size: a corner off the map must be skipped "
                     "(0 <= row < H and 0 <= col < W), and a level's rows start at "
                     "level_start_index[l]")
-        raise AssertionError(f"{what}: your msda_naive raised {type(exc).__name__}: {text}"
-                             f"\nHint: {hint}") from None
+        elif isinstance(exc, NameError):
+            hint = NAME_ERROR
+        from .demo import where
+        raise AssertionError(f"{what}: your msda_naive raised {type(exc).__name__}"
+                             f"{where(exc)}: {text}\nHint: {hint}") from None
+
+
+_RESHAPE = re.compile(r"shape '\[([-\d, ]*)\]' is invalid for input of size (\d+)")
+
+
+def _reshape_hint(args, target, size):
+    """What a failed reshape to ``target`` of ``size`` elements says, decided from the
+    numbers: a level's (H, W, D) slice cut short, the (B, Q, M*D) output, or neither."""
+    value = args["value"]
+    batch, total, heads, channels = value.shape
+    queries = args["sampling_locations"].shape[1]
+    shapes = args["value_spatial_shapes"].tolist()
+    starts = args["value_level_start_index"].tolist()
+    wanted = math.prod(target) if -1 not in target else None
+    for (height, width), start in zip(shapes, starts):
+        if target == [height, width, channels] and size < height * width * channels:
+            return (f"a reshape to (H, W, D) = {tuple(target)} got {size // channels} rows, "
+                    f"fewer than H * W = {height * width}: a level's rows are "
+                    f"value[b, start:start + H*W] with start = level_start_index[l], and here "
+                    f"the levels {shapes} start at rows {starts} of S = {total}; a start past "
+                    "the level's first row cuts the slice short at the end of S")
+    if size == batch * queries * heads * channels and wanted is not None:
+        return (f"the reshape asks for {tuple(target)} ({wanted} elements) of a tensor of "
+                f"B * Q * M * D = {size}: the output is (B, Q, M*D) = "
+                f"{(batch, queries, heads * channels)}, the heads' channels side by side")
+    return (f"the reshape asks for {tuple(target)}"
+            + (f" ({wanted} elements)" if wanted is not None else "")
+            + f" of a tensor of {size} elements: print the shape of what it reshapes on this "
+            "input")
 
 
 def _judge_msda(description, args, got, tag):

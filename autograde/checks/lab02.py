@@ -15,7 +15,9 @@ import torch
 
 from source_kernels.inputs import make_inputs, pyramid_shapes
 
-from .common import forbid_references, fresh_generator, judging
+from .common import Raised, attempt, forbid_references, fresh_generator, judging
+from .guard import guarded  # noqa: F401  (the notebook's demo cells: check.guarded(...))
+from .demo import is_output, raised as _raised  # noqa: F401  (is_output: the demo cells)
 
 INT32_MAX = 2 ** 31 - 1
 VALUE_ROW = "the value-row offset is ((b*S + start + r*W + c)*M + m)*D"
@@ -31,6 +33,17 @@ def _passed(text):
         diagnose.passed(text)
 
 
+def _int(result, what, name):
+    """``int(result)``, or the check's message when the student's call raised or returned
+    something that is not an integer."""
+    if isinstance(result, Raised):
+        raise _raised(what, name, result)
+    try:
+        return int(result)
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        raise AssertionError(f"{what}: expected an int, got {type(result).__name__}") from None
+
+
 # ---------------------------------------------------------------------- 1. strides, offsets
 def check_contiguous_strides(contiguous_strides, seed=None):
     """Strides of contiguous tensors of 1 to 6 dimensions, sizes of 1 included, and the
@@ -40,12 +53,19 @@ def check_contiguous_strides(contiguous_strides, seed=None):
     shapes = [(5,), (3, 4), (2, 6, 2, 3), (3, 1, 5), (2, 22223, 8, 32)]
     shapes += [tuple(int(s) for s in torch.randint(1, 7, (n,), generator=gen)) for n in (2, 4, 6)]
     with forbid_references(contiguous_strides):
-        got = [contiguous_strides(shape) for shape in shapes]
+        got = [attempt(contiguous_strides, shape) for shape in shapes]
     if not judging():
         return
     for shape, strides in zip(shapes, got):
         expected = tuple(torch.empty(shape, device="meta").stride())   # no memory allocated
-        strides = tuple(int(s) for s in strides)
+        what = f"contiguous_strides{shape} ({tag})"
+        if isinstance(strides, Raised):
+            raise _raised(what, "contiguous_strides", strides)
+        try:
+            strides = tuple(int(s) for s in strides)
+        except (TypeError, ValueError, RuntimeError):
+            raise AssertionError(f"{what}: expected a tuple of {len(shape)} ints, got "
+                                 f"{strides!r:.200}") from None
         if strides == expected:
             continue
         hint = "stride[-1] = 1 and stride[k] = stride[k + 1] * shape[k + 1]"
@@ -78,12 +98,14 @@ def check_flat_offset(flat_offset, seed=None):
             index = tuple(int(torch.randint(0, n, (1,), generator=gen)) for n in view.shape)
             asked.append((name, view, index))
     with forbid_references(flat_offset):
-        got = [flat_offset(index, view.stride()) for _, view, index in asked]
+        got = [attempt(flat_offset, index, view.stride()) for _, view, index in asked]
     if not judging():
         return
     for (name, view, index), offset in zip(asked, got):
         expected = int(view[index]) - view.storage_offset()     # base holds its own offsets
-        if int(offset) == expected:
+        offset = _int(offset, f"flat_offset of {name}{list(index)} with strides "
+                              f"{view.stride()} ({tag})", "flat_offset")
+        if offset == expected:
             continue
         hint = "offset = sum(index[k] * strides[k])"
         contiguous = sum(i * s for i, s in zip(index, view.contiguous().stride()))
@@ -227,13 +249,14 @@ def check_int32_wrap(int32_wrap, seed=None):
               65536 * 32768, -65536 * 32769, 46341 * 46341, 378 * 5689088]
     values += [int(v) for v in torch.randint(-2 ** 40, 2 ** 40, (16,), generator=gen)]
     with forbid_references(int32_wrap):
-        got = [int32_wrap(n) for n in values]
+        got = [attempt(int32_wrap, n) for n in values]
     if not judging():
         return
     for n, result in zip(values, got):
         # what torch stores when it narrows to int32: the low 32 bits, two's complement
         expected = int(torch.tensor(n % 2 ** 32, dtype=torch.int64).to(torch.int32))
-        if int(result) == expected:
+        result = _int(result, f"int32_wrap({n}) ({tag})", "int32_wrap")
+        if result == expected:
             continue
         hint = "keep the low 32 bits and read them as two's complement: (n + 2**31) % 2**32 - 2**31"
         if int(result) == n % 2 ** 32:
@@ -266,15 +289,16 @@ def check_first_overflowing_batch(first_overflowing_batch, seed=None):
                       int(torch.randint(1, 17, (1,), generator=gen)),
                       int(torch.randint(1, 65, (1,), generator=gen))))
     with forbid_references(first_overflowing_batch):
-        got = [first_overflowing_batch([list(s) for s in shapes], heads, channels)
+        got = [attempt(first_overflowing_batch, [list(s) for s in shapes], heads, channels)
                for shapes, heads, channels in cases]
     if not judging():
         return
     for (shapes, heads, channels), batch in zip(cases, got):
         expected, per_batch = _first_overflowing(shapes, heads, channels)
-        if int(batch) == expected:
+        batch = _int(batch, f"first_overflowing_batch with levels {shapes}, M = {heads}, "
+                            f"D = {channels} ({tag})", "first_overflowing_batch")
+        if batch == expected:
             continue
-        batch = int(batch)
         if batch == expected - 1:
             hint = (f"at B = {batch} the largest index is {batch * per_batch - 1}, which still "
                     "fits: B*S*M*D - 1 > 2**31 - 1 means B*S*M*D > 2**31, so B = 2**31 // "

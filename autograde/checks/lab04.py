@@ -10,6 +10,8 @@ when the check judges (``common.expect``), never inside the grading kernel.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import guard
@@ -23,6 +25,63 @@ MASK_HINT = "mask = offs < n on the loads and on the store: the last block stick
 OUTPUTS = ("out_ptr", "dst_ptr")
 
 
+def _innermost(exc):
+    """The exception the student's line raised (Triton's interpreter wraps it in its own)."""
+    seen = set()
+    while exc.__cause__ is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return exc
+
+
+def error_hint(text):
+    """What an error of Triton's interpreter (its message ``text``) means, in the lab's words."""
+    if "arange's range must be a power of 2" in text:
+        return ("tl.arange(start, end) needs end - start to be a power of 2 (a block size): "
+                "tl.arange(0, BLOCK), shifted by pid * BLOCK afterwards")
+    if "Expected pointer argument to have shape" in text:
+        return ("a tl.load or tl.store got a block of pointers of another shape than its mask "
+                "or value: every block of one access has the tile's shape, (BLOCK_R, BLOCK_C) "
+                "for a 2-D tile, which x[:, None] (a column) and y[None, :] (a row) broadcast to")
+    if "Unsupported ptr type" in text:
+        return ("the first argument of tl.store (and of tl.load) is the block of pointers, "
+                "ptr + offsets: tl.store(pointers, values, mask=mask)")
+    if "make_shape_compatible" in text or "incompatible dimensions" in text:
+        return ("two blocks whose shapes do not broadcast are combined: a column x[:, None] "
+                "and a row y[None, :] broadcast to a tile, two blocks of different lengths "
+                "along the same axis do not")
+    if "is not defined" in text:
+        return ("a name is used before any line assigns it (a line missing, or a misspelt "
+                "name); inside a kernel only its arguments, tl and the names it assigns exist")
+    return "the kernel stopped at that line: check the shapes and dtypes of what it combines"
+
+
+@contextlib.contextmanager
+def _raising(what):
+    """An exception of the student's kernel or wrapper inside the block becomes the check's
+    failure, in its words (an AssertionError of a reference called goes through as it is)."""
+    try:
+        yield
+    except AssertionError:
+        raise
+    except Exception as exc:                                        # noqa: BLE001
+        from .demo import unwritten, where
+        if unwritten(exc):
+            raise AssertionError(f"{what}: a function or kernel of this step is not written "
+                                 f"yet (it raises NotImplementedError{where(exc)})") from None
+        inner = _innermost(exc)
+        seen, wrapped = set(), exc
+        while wrapped is not None and id(wrapped) not in seen:        # a reference called
+            seen.add(id(wrapped))
+            if isinstance(wrapped, AssertionError):
+                raise wrapped from None
+            wrapped = wrapped.__cause__ or wrapped.__context__
+        lines = [line for line in str(inner).strip().splitlines() if line.strip()]
+        text = lines[-1] if lines else ""
+        raise AssertionError(f"{what}: your code raised {type(inner).__name__}{where(exc)}: "
+                             f"{text}\nHint: {error_hint(text)}") from None
+
+
 def _tag(gen, seed):
     return f"seed {seed}" if seed is not None else f"hidden check, seed {gen.initial_seed()}"
 
@@ -32,12 +91,12 @@ def _on_device(*tensors):
     return [t.to(device) for t in tensors]
 
 
-def _wrapper(fn, *args):
+def _wrapper(fn, *args, what=None):
     """Call the student's wrapper with every kernel access checked; demand a launch.  (A
     recorded session of its own: while the grading kernel records, a kernel passed to the
     same session would be launched past the launch counter.)"""
-    with forbid_references(fn), count_kernel_launches() as launches, \
-            guard.watch(poison=OUTPUTS) as report:
+    with _raising(what or fn.__name__), forbid_references(fn), \
+            count_kernel_launches() as launches, guard.watch(poison=OUTPUTS) as report:
         got = fn(*args)
     if launches.count == 0:
         raise AssertionError(f"{fn.__name__} launched no Triton kernel: the work has to be "
@@ -92,12 +151,12 @@ def check_vector_add(add_kernel, vector_add, seed=None):
         x, y = _on_device(torch.randn(n, generator=gen), torch.randn(n, generator=gen))
         what = f"vector_add, {n} elements ({tag})"
         kernel_what = f"add_kernel on {n} elements in blocks of 128, grid ({triton.cdiv(n, 128)},) ({tag})"
-        with forbid_references(add_kernel, writes=(2,)):
+        with _raising(kernel_what), forbid_references(add_kernel, writes=(2,)):
             report = guard.launch(add_kernel, (triton.cdiv(n, 128),), x, y,
                                   torch.full_like(x, float("nan")), n, BLOCK=128)
         report.check(kernel_what, _mask_hint(report))
         kernel_got = report.args[2].detach().clone() if len(report.args) > 2 else None
-        got, watched = _wrapper(vector_add, x, y)
+        got, watched = _wrapper(vector_add, x, y, what=what)
         watched.check(what, _mask_hint(watched))
         expected = expect(torch.add, x.cpu(), y.cpu())
         if expected is None:
@@ -185,15 +244,16 @@ def check_copy_2d(copy_tile_kernel, copy_2d, seed=None):
     for name, src in views:
         what = f"copy_2d of {name} tensor, strides {tuple(src.stride())} ({tag})"
         r, c = src.shape
-        dst = torch.empty((r, c), dtype=src.dtype, device=src.device)
-        with forbid_references(copy_tile_kernel, writes=(1,)), guard.watch() as report:
+        # NaN: an element no lane wrote is told apart from one the kernel copied
+        dst = torch.full((r, c), float("nan"), dtype=src.dtype, device=src.device)
+        with _raising(f"copy_tile_kernel on {name} tensor ({tag})"), \
+                forbid_references(copy_tile_kernel, writes=(1,)), guard.watch() as report:
             copy_tile_kernel[(triton.cdiv(r, 16), triton.cdiv(c, 16))](
                 src, dst, r, c, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
                 BLOCK_R=16, BLOCK_C=16)
         report.check(f"copy_tile_kernel on {name} tensor ({tag})",
-                     "mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :] on the load "
-                     "and the store: a tile of 16 x 16 sticks out of the tensor")
-        got, watched = _wrapper(copy_2d, src)
+                     _tile_mask_hint(report, dst, 16, 16))
+        got, watched = _wrapper(copy_2d, src, what=what)
         watched.check(what, "mask every access of the tile by its rows and its columns")
         expected = expect(lambda t: t.detach().cpu().contiguous(), src)
         if expected is None:
@@ -210,6 +270,40 @@ def check_copy_2d(copy_tile_kernel, copy_2d, seed=None):
         from . import diagnose
         diagnose.passed(f"copy_tile_kernel and copy_2d: {len(views)} views (contiguous, "
                         f"transposed, strided slice, one row) copied exactly ({tag})")
+
+
+TILE_MASK = ("mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :] on the load and the "
+             "store")
+
+
+def _tile_mask_hint(report, dst, block_r, block_c):
+    """Which test of the tile's mask let the first lane outside through, from where that lane
+    is and from what the launch left unwritten inside ``dst`` (filled with NaN before)."""
+    v = report.first
+    if v is None:
+        return None
+    rows, cols = dst.shape
+    if v.program is None or v.lane is None or len(v.lane) != 2 or len(v.program) < 2:
+        return f"{TILE_MASK}: a tile of {block_r} x {block_c} sticks out of the tensor"
+    r = v.program[0] * block_r + v.lane[0]
+    c = v.program[1] * block_c + v.lane[1]
+    lane = f"the first lane outside is (row {r}, column {c}) of the ({rows}, {cols}) tensor"
+    missed = torch.isnan(dst.detach().cpu())
+    if bool(missed.any()):
+        mr, mc = (int(i) for i in missed.nonzero()[0])
+        return (f"{lane}, and {int(missed.sum())} element(s) inside were never written (the "
+                f"first: row {mr}, column {mc}): your mask lets lanes outside through and "
+                f"switches lanes inside off, so it is not (row inside) & (column inside) of "
+                f"each lane; {TILE_MASK}")
+    if r < rows and c >= cols:
+        test = "its row is inside and its column is past the last: the column test"
+    elif r >= rows and c < cols:
+        test = "its column is inside and its row is past the last: the row test"
+    else:
+        test = "its row and its column are past the last: the row and the column tests"
+    return (f"{lane}: {test} of your mask let it through ((offs_c < cols)[None, :] for the "
+            f"columns, (offs_r < rows)[:, None] for the rows; not <=, and not left out); "
+            f"{TILE_MASK}")
 
 
 def _copy_hint(got, src):
@@ -253,13 +347,13 @@ def check_gather_rows(gather_rows_kernel, gather_rows, seed=None):
         table, index = _on_device(table, index)
         what = f"gather_rows of {n} rows from a ({n_rows}, {channels}) table ({tag})"
         block_d = triton.next_power_of_2(channels)
-        with forbid_references(gather_rows_kernel, writes=(2,)):
+        with _raising(what), forbid_references(gather_rows_kernel, writes=(2,)):
             report = guard.launch(gather_rows_kernel, (triton.cdiv(n, 16),), table, index,
                                   torch.empty(n, channels, device=table.device), n, n_rows,
                                   channels, BLOCK_I=16, BLOCK_D=block_d)
         report.check(f"gather_rows_kernel, {n} rows from a ({n_rows}, {channels}) table "
                      f"({tag})", _gather_hint(report, index, n_rows))
-        got, watched = _wrapper(gather_rows, table, index)
+        got, watched = _wrapper(gather_rows, table, index, what=what)
         watched.check(what, _gather_hint(watched, index, n_rows))
         expected = expect(_expected_gather, table, index)
         if expected is None:
@@ -339,13 +433,14 @@ def check_bilinear(bilinear_kernel, bilinear_sample_triton, seed=None):
         n = loc.shape[0]
         what = f"bilinear samples, {name} ({tag})"
         out = torch.empty(n, channels, device=image.device)
-        with forbid_references(bilinear_kernel, writes=(2,)):
+        with _raising(f"bilinear_kernel, {name} ({tag})"), \
+                forbid_references(bilinear_kernel, writes=(2,)):
             report = guard.launch(bilinear_kernel, (triton.cdiv(n, 16),), image, loc, out, n,
                                   height, width, channels, BLOCK_N=16,
                                   BLOCK_D=triton.next_power_of_2(channels))
         report.check(f"bilinear_kernel, {name} ({tag})",
                      _bilinear_guard_hint(report, image, loc, 16))
-        got, watched = _wrapper(bilinear_sample_triton, image, loc)
+        got, watched = _wrapper(bilinear_sample_triton, image, loc, what=what)
         watched.check(what, _bilinear_guard_hint(watched, image, loc, None))
         expected = expect(_expected_bilinear, image, loc)
         if expected is None:

@@ -213,9 +213,7 @@ def check_program_map(launch_grid, program_of, seed=None):
             if tuple(got) != expected:
                 hint = ""
                 if tuple(got)[0] == expected[0] and tuple(got)[1] != expected[1]:
-                    hint = ("\nHint: pid_bm = b * M + m (batch major: the heads of one batch "
-                            "element are neighbours), and the kernel recovers b = pid_bm // M, "
-                            "m = pid_bm % M")
+                    hint = "\nHint: " + _pid_bm_hint(rows, batch, heads, block_q)
                 elif tuple(got)[:2] == expected[:2]:
                     hint = "\nHint: the row of the tile is q % BLOCK_Q, the query's place in its block"
                 raise AssertionError(f"program_of(batch {b}, query {q}, head {m}) with {what}: "
@@ -223,6 +221,46 @@ def check_program_map(launch_grid, program_of, seed=None):
                                      f"{tuple(got)}{hint}")
     _passed(f"launch_grid and program_of: {len(cases)} shapes, every output row computed by "
             f"exactly one (program, row) ({tag})")
+
+
+PID_BM = ("pid_bm = b * M + m (batch major: the heads of one batch element are neighbours), "
+          "and the kernel recovers b = pid_bm // M, m = pid_bm % M")
+
+
+def _pid_bm_hint(rows, batch, heads, block_q):
+    """The hint for a wrong pid_bm: the usual mistake that gives the student's pid_bm for every
+    (b, q, m) of this shape, when one does; else where it goes wrong, and the rule."""
+    variants = [
+        (lambda b, m: m * heads + b, "yours is m * M + b, the head and the batch element "
+                                     "exchanged"),
+        (lambda b, m: m * batch + b, "yours is m * B + b (head major: the batch elements of "
+                                     "one head are neighbours)"),
+        (lambda b, m: heads + m, "yours is M + m: the batch term b * M lost its factor b"),
+        (lambda b, m: b + m, "yours is b + m: the batch term lost its factor M"),
+        (lambda b, m: b * heads, "yours is b * M: the head term m is missing"),
+        (lambda b, m: b * batch + m, "yours is b * B + m: the batch term's factor is M, the "
+                                     "heads per batch element, not B"),
+    ]
+    try:
+        pairs = [(b, m, int(tuple(got)[1])) for b, q, m, got in rows
+                 if tuple(got)[0] == q // block_q and tuple(got)[2] == q % block_q]
+    except (TypeError, ValueError, IndexError):
+        pairs = []
+    if pairs and len(pairs) == len(rows):
+        for f, text in variants:
+            if all(f(b, m) == got for b, m, got in pairs) and \
+                    any(f(b, m) != b * heads + m for b, m, _ in pairs):
+                return f"{text}; {PID_BM}"
+    wrong = [(b, m, got) for b, m, got in pairs if got != b * heads + m]
+    if not wrong:
+        return PID_BM
+    b, m, got = wrong[0]
+    only = sorted({w[0] for w in wrong})
+    where = (f"only batch {only[0]} is wrong, " if len(only) == 1 and batch > 1 else "")
+    return (f"{where}(b, m) = ({b}, {m}) gets pid_bm {got}, and no usual mistake gives your "
+            f"pid_bm on every (b, q, m) of this shape; the pair is numbered batch major, "
+            f"b * M + m = {b * heads + m}, and the kernel recovers b = pid_bm // M, "
+            "m = pid_bm % M")
 
 
 # ---------------------------------------------------------------------- 2. corner_coordinate
@@ -487,7 +525,11 @@ def check_sample_level(sample_level, seed=None):
         got = out.reshape(batch, queries, heads * channels)
         message = _mismatch(got, expected, torch.float32, what, heads)
         if message is not None:
-            hint = _value_hint(got, single, expected, torch.float32, report)
+            # at a pixel centre only corner 0 weighs, and a corner moved is told apart from
+            # weights exchanged only between centres
+            hint = None if term == SAMPLE_CENTRE_TERM else \
+                _corner_offset_hint(got, run_args, level, expected)
+            hint = hint or _value_hint(got, single, expected, torch.float32, report)
             if not hint and term:
                 hint = ("\nHint: no usual mistake reproduces your tile here, and what this "
                         f"probe adds is {term}")
@@ -495,6 +537,70 @@ def check_sample_level(sample_level, seed=None):
     _passed(f"sample_level: 2 probes (pixel centres, between them), then each of 3 levels "
             f"(3 x 5, 4 x 2, 1 x 1) for 2 batch elements, 2 heads, 6 queries in a block of 8, "
             f"D = {channels} ({tag})")
+
+
+# the row and the column offset of corner i (0 to 3) from (y0, x0): the operator's first
+ROW_OFFSETS = [("y0 + i // 2", lambda i: i // 2), ("y0 - i // 2", lambda i: -(i // 2)),
+               ("y0 + i % 2", lambda i: i % 2), ("y0", lambda i: 0), ("y0 + 1", lambda i: 1)]
+COL_OFFSETS = [("x0 + i % 2", lambda i: i % 2), ("x0 - i % 2", lambda i: -(i % 2)),
+               ("x0 + i // 2", lambda i: i // 2), ("x0", lambda i: 0), ("x0 + 1", lambda i: 1)]
+
+
+def _tile(args, level, row_of, col_of):
+    """The (B, Q, M*D) tile of point 0 of ``level`` in float64, corner i read at
+    (y0 + row_of(i), x0 + col_of(i)) with the weight of corner i, zero off the map."""
+    value = args["value"].detach().cpu().double()
+    batch, _, heads, channels = value.shape
+    height, width = (int(v) for v in args["value_spatial_shapes"][level])
+    start = int(args["value_level_start_index"][level])
+    loc = args["sampling_locations"][:, :, :, level, 0].detach().cpu().double()   # (B, Q, M, 2)
+    x_im, y_im = loc[..., 0] * width - 0.5, loc[..., 1] * height - 0.5
+    x0, y0 = torch.floor(x_im), torch.floor(y_im)
+    dx, dy = x_im - x0, y_im - y0
+    b = torch.arange(batch).view(-1, 1, 1)
+    m = torch.arange(heads).view(1, 1, -1)
+    out = torch.zeros(*loc.shape[:3], channels, dtype=torch.float64)
+    for i in range(4):
+        r, c = (y0 + row_of(i)).long(), (x0 + col_of(i)).long()
+        w = (dy if i // 2 == 1 else 1 - dy) * (dx if i % 2 == 1 else 1 - dx)
+        on = (r >= 0) & (r < height) & (c >= 0) & (c < width)
+        rows = (start + r.clamp(0, height - 1) * width + c.clamp(0, width - 1))
+        v = value[b.expand_as(rows), rows, m.expand_as(rows)]               # (B, Q, M, D)
+        out += torch.where(on[..., None], w[..., None] * v, torch.zeros_like(v))
+    return out.reshape(batch, loc.shape[1], heads * channels)
+
+
+def _corner_offset_hint(got, args, level, expected):
+    """The hint when the tile equals the one whose corners sit at other offsets from
+    (y0, x0) (each corner with its own weight): which corners are read where.  Else None."""
+    got = got.detach().cpu().double()
+    if got.shape != expected.shape or not bool(torch.isfinite(got).all()):
+        return None
+    atol = op.TOLERANCE[torch.float32] * max(expected.abs().max().item(), 1e-6)
+    found = []
+    for row_text, row_of in ROW_OFFSETS:
+        for col_text, col_of in COL_OFFSETS:
+            if (row_text, col_text) == (ROW_OFFSETS[0][0], COL_OFFSETS[0][0]):
+                continue
+            variant = _tile(args, level, row_of, col_of)
+            if bool(((got - variant).abs() <= atol).all()):
+                found.append((row_text, row_of, col_text, col_of))
+    if len(found) != 1:                  # none, or not one that the inputs tell apart
+        return None
+    row_text, row_of, col_text, col_of = found[0]
+
+    def at(name, offset):
+        return name if offset == 0 else f"{name} {'+' if offset > 0 else '-'} {abs(offset)}"
+    moved = [f"corner {i} {CORNER_NAMES[i]} at (row {at('y0', row_of(i))}, column "
+             f"{at('x0', col_of(i))})" for i in range(4)
+             if (row_of(i), col_of(i)) != (i // 2, i % 2)]
+    return (f"\nHint: your tile is the one whose corner i is read at ({row_text}, "
+            f"{col_text}), each with its own weight: that reads " + "; ".join(moved)
+            + ". Corner i is (y0 + i // 2, x0 + i % 2): rows y0, y0, y0 + 1, y0 + 1 and "
+            "columns x0, x0 + 1, x0, x0 + 1")
+
+
+CORNER_NAMES = ("(y0, x0)", "(y0, x1)", "(y1, x0)", "(y1, x1)")
 
 
 SAMPLE_CENTRE_TERM = ("the corner's row and value offset: at a pixel centre only corner "
@@ -735,6 +841,11 @@ def _guard_hint(report, args, block_q, level_only=None):
     if known and real and ("value" not in v.tensor or v.kind == "write"):
         # a lane the masks keep (a query that exists, a channel below D) went outside: the
         # index is wrong, not the mask
+        named = _index_hint(v, args, block_q, q, d)
+        if named is not None:
+            return (f"the lane that went outside belongs to query {q} < Q = {queries}"
+                    + (f", channel {d} < D = {channels}" if v.kind == "write" else "")
+                    + f", which exists: the mask is right and the index is wrong. {named}")
         return (f"the lane that went outside belongs to query {q} < Q = {queries}"
                 + (f", channel {d} < D = {channels}" if v.kind == "write" else "")
                 + f", which exists: the mask is right and the index is wrong. Program "
@@ -810,6 +921,55 @@ def _guard_hint(report, args, block_q, level_only=None):
             f"{y:.4g}) has corner {name} at (row {row}, col {col}), off the {height} x {width} "
             f"map ({len(offending)} corner(s) of this query are off): "
             f"{diagnose.bound_hint(row, col, height, width)}; {text}")
+
+
+def _index_hint(v, args, block_q, q, d):
+    """The usual mistake of the row index (b*Q + q)*M + m, or of recovering b and m from
+    pid_bm, that puts the first lane outside exactly where the guard saw it (``v``: its
+    tensor and element): a sentence naming it, or None when none or more than one does."""
+    value, _, _, loc, _ = args.values()
+    heads, channels = value.shape[2], value.shape[3]
+    queries, levels, points = loc.shape[1], loc.shape[3], loc.shape[4]
+    pid_bm = v.program[1]
+    right = divmod(pid_bm, heads)
+    decodes = [(right, None)]
+    if (pid_bm % heads, pid_bm // heads) != right:
+        decodes.append(((pid_bm % heads, pid_bm // heads),
+                        f"your b and m are recovered the wrong way round: program pid_bm = {pid_bm} "
+                        f"gives b = pid_bm % M = {pid_bm % heads}, m = pid_bm // M = "
+                        f"{pid_bm // heads}; b = pid_bm // M, m = pid_bm % M"))
+    rows = [(lambda b, m: (b * queries + q) * heads + m, None),
+            (lambda b, m: (queries + q) * heads + m,
+             "your row is (Q + q) * M + m: the batch term b * Q lost its factor b; the row of "
+             "(b, q, m) is (b*Q + q)*M + m"),
+            (lambda b, m: (b + q) * heads + m,
+             "your row is (b + q) * M + m: the batch term lost its factor Q; the row of "
+             "(b, q, m) is (b*Q + q)*M + m"),
+            (lambda b, m: b * queries + q + m,
+             "your row is b*Q + q + m: the factor M is missing; the row of (b, q, m) is "
+             "(b*Q + q)*M + m"),
+            (lambda b, m: (b * heads + m) * queries + q,
+             "your row is (b*M + m)*Q + q, heads before queries; the tensors are (B, Q, M, ...), "
+             "so the row of (b, q, m) is (b*Q + q)*M + m")]
+
+    def elements(row):
+        if v.kind == "write":
+            return {row * channels + d}
+        per = levels * points
+        samples = {row * per + j for j in range(per)}
+        if "loc" in v.tensor:
+            return {2 * p + e for p in samples for e in (0, 1)}
+        return samples
+    found = []
+    for (b, m), decode_text in decodes:
+        for f, row_text in rows:
+            if decode_text is None and row_text is None:
+                continue                                  # the operator's own index
+            if v.offset in elements(f(b, m)):
+                found.append("; and ".join(t for t in (decode_text, row_text) if t))
+    if len(found) != 1:
+        return None
+    return found[0][0].upper() + found[0][1:]
 
 
 def _mismatch(got, expected, dtype, what, heads):
