@@ -130,6 +130,10 @@ MISTAKES = [
      "lab08_check_racy", ["every update landed"]),
     (LAB08, "racy stage: corners off the map counted", RACY, [NO_ON_MAP],
      "lab08_check_racy", ["before the start of hits_ptr", "corners off the map are counted"]),
+    (LAB08, "racy stage: the test r >= 0 left out", RACY,
+     [(NO_ON_MAP[0], "on_map = mask & (r < H) & (c >= 0) & (c < W)")],
+     "lab08_check_racy", ["before the start of hits_ptr",
+                          "your mask lets through the corners above the map (row -1);"]),
     (LAB08, "racy stage: x * W", RACY, [("* W - 0.5", "* W"), ("* H - 0.5", "* H")],
      "lab08_check_racy", ["instead of x * W - 0.5"]),
     (LAB08, "racy stage: lanes past n read", RACY,
@@ -154,6 +158,9 @@ MISTAKES = [
      [("hit = pixels[start:start + block, corner][on_map[start:start + block, corner]]",
        "hit = (rows * 1000 + cols)[start:start + block, corner]")],
      "lab08_check_lost", ["corners off the map"]),
+    (LAB08, "prediction raises", LOST,
+     [("pixels[start:start + block, corner]", "pixels[corner, start:start + block]")],
+     "lab08_check_lost", ["lost_updates raised IndexError", "in lost_updates, at `hit = "]),
     (LAB08, "prediction counts collided pixels", LOST,
      [("lost += hit.numel() - torch.unique(hit).numel()",
        "lost += int((torch.unique(hit, return_counts=True)[1] > 1).sum())")],
@@ -165,6 +172,14 @@ MISTAKES = [
      "lab08_check_atomic", ["updates are lost", "tl.atomic_add"]),
     (LAB08, "atomic stage: corners off the map counted", ATOMIC, [NO_ON_MAP],
      "lab08_check_atomic", ["hits_ptr", "corners off the map are counted"]),
+    (LAB08, "atomic stage: the test c < W left out", ATOMIC,
+     [(NO_ON_MAP[0], "on_map = mask & (r >= 0) & (r < H) & (c >= 0)")],
+     "lab08_check_atomic", ["past the end of hits_ptr", "located by isolation",
+                            "your mask lets through the corners right of the map (column W);"]),
+    (LAB08, "atomic stage: only c < W kept", ATOMIC, [(NO_ON_MAP[0], "on_map = (c < W)")],
+     "lab08_check_atomic", ["your mask lets through the corners above the map (row -1), below "
+                            "the map (row H) and left of the map (column -1), and the lanes "
+                            "past the last sample (offs >= n)"]),
     (LAB08, "atomic stage: x and y swapped", ATOMIC,
      [("tl.load(loc_ptr + 2 * offs, mask=mask", "tl.load(loc_ptr + 2 * offs + 2, mask=mask"),
       ("tl.load(loc_ptr + 2 * offs + 1, mask=mask", "tl.load(loc_ptr + 2 * offs, mask=mask"),
@@ -188,6 +203,10 @@ MISTAKES = [
      [("v = tl.load(value_ptr + offs, mask=msk, other=0.0)",
        f"v = tl.load(value_ptr + offs, mask={ALL_LANES}, other=0.0)")],
      "lab08_check_backward_attn", ["value_ptr", "corners off the map are read"]),
+    (LAB08, "kernel: corners off the map read and updated", BACKWARD,
+     [("msk = inside[:, None] & mask_d[None, :]", f"msk = {ALL_LANES}")],
+     "lab08_check_backward_attn", ["value_ptr", "grad_value_ptr",
+                                   "corners off the map are read and receive gradient"]),
     (LAB08, "kernel: grad_attn stored for lanes past Q", BACKWARD,
      [("grad_a.to(grad_attn_ptr.dtype.element_ty), mask=mask_q)",
        "grad_a.to(grad_attn_ptr.dtype.element_ty))")],
@@ -338,6 +357,9 @@ WRONG_HINTS = {
     "kernel: grad_value not written yet (half check)": ["updates are lost",
                                                          "none of the usual mistakes"],
     "kernel: the attention index ignores the point": ["updates are lost"],
+    "atomic stage: the test c < W left out": ["corners off the map are counted"],
+    "atomic stage: only c < W kept": ["corners off the map are counted"],
+    "racy stage: the test r >= 0 left out": ["corners off the map are counted"],
     # one element on a probe is some multiple of the right one: no "factor" from that
     "kernel: corner 01's column from the row step": ["a factor is wrong"],
 }
@@ -369,6 +391,17 @@ def _with_solution(lab, grade_id, source):
 def _failure(namespace, lab, check_cell):
     """The AssertionError the visible check cell raises (None when it passes)."""
     return lab_cells.run_check(namespace, lab, check_cell)
+
+
+def _shown(namespace, lab, demo_cell):
+    """What a demonstration cell prints (it must not raise: it shows, the checks grade)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        lab_cells.execute(_cells(lab)[demo_cell].source, f"<{lab} {demo_cell}>", namespace)
+    return out.getvalue()
 
 
 _inject = lab_cells.substitute
@@ -455,24 +488,65 @@ DEMOS = [
 ]
 
 
+POINTS_TO_CHECKS = "the visible checks of this section grade them"
+
+
 @pytest.mark.parametrize("mistake, cell, edits, demo, words", DEMOS,
                          ids=[row[0] for row in DEMOS])
 def test_demonstration_cell_reports_instead_of_crashing(mistake, cell, edits, demo, words):
-    """The cell runs in this process: without the guard the first row corrupts the heap."""
+    """The cell runs in this process: without the guard the first row corrupts the heap.  It
+    prints what the guard found and ends without raising (a demonstration grades nothing)."""
     namespace = _with_solution(LAB08, cell, _inject(_cells(LAB08)[cell].source, edits))
     if demo == "lab08_compare_lab07":                 # the launcher and backward_case it uses
         lab_cells.execute(_cells(LAB08)["lab08_backward_launcher"].source, "<launcher>", namespace)
-    message = _failure(namespace, LAB08, demo)
-    assert message is not None, f"{mistake}: the cell ran without a word"
-    for word in words:
-        assert word in message, f"{mistake}: {word!r} not in the message:\n{message}"
+    shown = _shown(namespace, LAB08, demo)
+    for word in words + [POINTS_TO_CHECKS]:
+        assert word in shown, f"{mistake}: {word!r} not in the output:\n{shown}"
 
 
 def test_demonstration_cells_run_the_solution_quietly():
     namespace = _with_solution(LAB08, BACKWARD, _cells(LAB08)[BACKWARD].source)
     lab_cells.execute(_cells(LAB08)["lab08_backward_launcher"].source, "<launcher>", namespace)
     for demo in ("lab08_race_example", "lab08_compare_lab07"):
-        assert _failure(namespace, LAB08, demo) is None, demo
+        shown = _shown(namespace, LAB08, demo)
+        assert POINTS_TO_CHECKS not in shown and "raised" not in shown, (demo, shown)
+
+
+# lab 07's gradcheck cell: (mistake, solution cell, edits, words its output must hold)
+GRADCHECK = [
+    ("grad_loc: the y column scaled by W", LOC, [(' * c["height"]', ' * c["width"]')],
+     ["the gradient grad_sampling_locations returns for sampling_locations is not the one "
+      "finite differences", "check.check_grad_sampling_locations"]),
+    ("grad_value in (B, M, S, D)", VALUE,
+     [("return out.permute(0, 2, 1, 3).contiguous()", "return out")],
+     ["grad_value returned a tensor of shape (1, 1, 14, 3), where the gradient of value has "
+      "its shape (1, 14, 1, 3)", "check.check_grad_value"]),
+    ("grad_attn: a name not defined", ATTN,
+     [("return (samples * g).sum(dim=-1)", "return (sample * g).sum(dim=-1)")],
+     ["your code raised NameError (in grad_attention_weights, at "
+      "`return (sample * g).sum(dim=-1)`)", "The visible check of that function"]),
+    ("grad_attn not written yet", ATTN,
+     [("return (samples * g).sum(dim=-1)", "raise NotImplementedError()")],
+     ["not written yet", "in grad_attention_weights"]),
+]
+
+
+@pytest.mark.parametrize("mistake, cell, edits, words", GRADCHECK,
+                         ids=[row[0] for row in GRADCHECK])
+def test_gradcheck_cell_reports_instead_of_raising(mistake, cell, edits, words):
+    """Lab 07's gradcheck cell: a wrong gradient (gradcheck's own failure), a wrong shape
+    (autograd refuses it) or an exception of the student's code is printed in the lab's
+    words, naming the function and its check; the cell does not raise."""
+    namespace = _with_solution(LAB07, cell, _inject(_cells(LAB07)[cell].source, edits))
+    shown = _shown(namespace, LAB07, "lab07_gradcheck")
+    assert "gradcheck: True" not in shown, shown
+    for word in words:
+        assert word in shown, f"{mistake}: {word!r} not in the output:\n{shown}"
+
+
+def test_gradcheck_cell_passes_the_solution():
+    shown = _shown(_base(LAB07), LAB07, "lab07_gradcheck")
+    assert shown.strip() == "gradcheck: True", shown
 
 
 @pytest.mark.parametrize("edit, check", [(ROW_INT32, "check_backward_grad_attn"),
@@ -513,7 +587,9 @@ def test_unwritten_stage_is_named_as_such(lab, cell, check_cell, words):
                                + source[end:])
     if check_cell == "lab08_compare_lab07":
         lab_cells.execute(_cells(LAB08)["lab08_backward_launcher"].source, "<launcher>", namespace)
-    message = _failure(namespace, lab, check_cell)
+        message = _shown(namespace, lab, check_cell)       # a demonstration prints, no raise
+    else:
+        message = _failure(namespace, lab, check_cell)
     assert message is not None and words in message, message
     assert "shape" not in message, message
 

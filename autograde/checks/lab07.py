@@ -21,7 +21,7 @@ from . import diagnose_grad
 from .common import forbid_references, fresh_generator, judging
 
 __all__ = ["check_grad_attention_weights", "check_grad_sampling_locations",
-           "check_grad_value", "AutogradUsed"]
+           "check_grad_value", "AutogradUsed", "guarded"]
 
 TOL = {torch.float64: 1e-9}
 
@@ -269,6 +269,100 @@ def _check(student, name, seed):
                              f"simpler one. {message}")
     print(f"{name} matches autograd through the float64 reference in {len(runs)} cases and "
           f"{len(located)} isolation probes (seed {seed})")
+
+
+# ------------------------------------------------------------------ the demonstration cell
+# the gradcheck cell's inputs, in order, and the function whose gradient each one receives
+GRADCHECK_INPUTS = (("value", "grad_value"), ("sampling_locations", "grad_sampling_locations"),
+                    ("attention_weights", "grad_attention_weights"))
+
+
+def _chain(exc):
+    """``exc`` and the exceptions that caused it, outermost first."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _where(exc):
+    """" (in <function>, at `<line>`)": the innermost line of notebook code (not torch's, not
+    the checks') in the traceback of ``exc`` or of an exception that caused it, or ""."""
+    import linecache
+    import traceback
+
+    frames = []
+    for link in _chain(exc):
+        inner = [f for f in traceback.extract_tb(link.__traceback__)
+                 if not any(part in f.filename for part in ("site-packages", "/autograde/",
+                                                            "/source_kernels/", "/lib/python"))]
+        frames = inner or frames
+    if not frames:
+        return ""
+    frame = frames[-1]
+    line = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+    return f" (in {frame.name}, at `{line}`)" if line else f" (in {frame.name})"
+
+
+def _see_check(name):
+    return (f"its visible check above (check.check_{name}) compares it with autograd and "
+            "says where it goes wrong: run it, then this cell again")
+
+
+def _gradcheck_failure(what, exc, inputs):
+    """What the cell says when torch.autograd.gradcheck itself found a mismatch, or autograd
+    refused a gradient: which function's gradient, in the lab's words."""
+    import re
+
+    text = str(exc)
+    names = [name for _, name in inputs]
+    mismatch = re.search(r"with respect to input (\d+)", text)
+    if mismatch and int(mismatch.group(1)) < len(inputs):
+        argument, name = inputs[int(mismatch.group(1))]
+        return (f"{what}: the gradient {name} returns for {argument} is not the one finite "
+                f"differences of the forward give (gradcheck stops at the first input that "
+                f"disagrees, so the functions after it are not judged yet); {_see_check(name)}")
+    shape = re.search(r"invalid gradient at index (\d+) - got \[([^\]]*)\] but expected shape "
+                      r"compatible with \[([^\]]*)\]", text)
+    if shape and int(shape.group(1)) < len(inputs):
+        argument, name = inputs[int(shape.group(1))]
+        return (f"{what}: {name} returned a tensor of shape ({shape.group(2)}), where the "
+                f"gradient of {argument} has its shape ({shape.group(3)}); "
+                f"{_see_check(name)}")
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return (f"{what}: gradcheck stopped with {type(exc).__name__}{_where(exc)}: "
+            f"{lines[0] if lines else ''}. It calls {', '.join(names)} as the backward of "
+            "the forward: the visible check of each one, above, says which one is wrong")
+
+
+@contextlib.contextmanager
+def guarded(what, inputs=GRADCHECK_INPUTS):
+    """The guard of the lab's demonstration cell (gradcheck of the three functions together):
+    an exception raised in the student's code, or gradcheck's own failure, is reported in the
+    cell's output, in the words of the checks, and the notebook goes on.  ``inputs``: (the
+    gradcheck input, the function that computes its gradient), in gradcheck's order."""
+    from torch.autograd.gradcheck import GradcheckError
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:                  # noqa: BLE001  (explained, in the cell's output)
+        where = _where
+        if any(isinstance(link, NotImplementedError) for link in _chain(exc)):
+            message = (f"{what}: a function it calls is not written yet: it raises "
+                       f"NotImplementedError{where(exc)}. Write it first; its visible check "
+                       "above says when it is right")
+        elif isinstance(exc, GradcheckError) or "invalid gradient at index" in str(exc):
+            message = _gradcheck_failure(what, exc, inputs)
+        else:
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            message = (f"{what}: your code raised {type(exc).__name__}{where(exc)}: "
+                       f"{lines[0] if lines else ''}\nThe cell stopped there. The visible check "
+                       "of that function, above, calls it on its own and says what goes wrong: "
+                       "run it, then this cell again")
+        print(message)
 
 
 def check_grad_attention_weights(grad_attention_weights, seed=None):

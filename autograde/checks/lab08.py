@@ -10,6 +10,8 @@ float64 reference and lab 08's chips, imported only when a check judges.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from autograde import recording
@@ -29,9 +31,21 @@ def _chip():
     return lab08
 
 
+@contextlib.contextmanager
 def guarded(what, hints=None):
-    """The guard of the lab's demonstration cells (``autograde.checks.demo.guarded``)."""
-    return _guarded(what, hints)
+    """The guard of the lab's demonstration cells (``autograde.checks.demo.guarded``), which
+    show and grade nothing: what the guard finds (an access outside a tensor, an exception of
+    the student's code) is printed in the cell's output, pointing to the checks, and the cell
+    ends there without raising, so that the notebook goes on."""
+    try:
+        with _guarded(what, hints) as report:
+            yield report
+    except AssertionError as exc:
+        text = str(exc).strip() or f"{what}: an assertion failed in your code"
+        if not text.startswith(what):
+            text = f"{what}: {text}"
+        print(text + "\n(This cell only shows your kernels at work; the visible checks of this "
+              "section grade them and say what goes wrong.)")
 
 
 def _is_kernel(obj) -> bool:
@@ -67,9 +81,30 @@ def _launch_with_report(kernel, name, grid, args, kwargs, what, hint, writes=())
     if report is None:
         return args, None
     if report.violations:
-        tensor = report.violations[0].tensor
-        report.check(what, hint.get(tensor, hint.get(None)) if isinstance(hint, dict) else hint)
+        if isinstance(hint, dict):
+            # a hint for the set of tensors that were accessed outside, where there is one
+            # (the gather and the scatter of one corner both went outside), else for the first
+            tensors = tuple(sorted({v.tensor for v in report.violations}))
+            first = report.violations[0].tensor
+            hint = hint.get(tensors, hint.get(first, hint.get(None)))
+            if callable(hint):                    # a diagnosis that runs isolation probes
+                hint = hint() or _UNCONFIRMED.get(first, _UNCONFIRMED[None])
+        report.check(what, hint)
     return report.args, report
+
+
+def _raised_in_function(name, what, exc):
+    """What a check says when the student's Python function raised ``exc``."""
+    from .demo import unwritten, where
+
+    if unwritten(exc):
+        return (f"{what}: {name} is not written yet (it raises NotImplementedError"
+                f"{where(exc)}): replace the raise with your code")
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return (f"{what}: {name} raised {type(exc).__name__}{where(exc)}: "
+            f"{lines[0] if lines else ''}\nHint: the check called it with the arguments its "
+            "docstring gives, in their shapes and types: that line is where your code stopped "
+            "(print what it computes with, on these arguments)")
 
 
 def raised_in_kernel(name, what, exc):
@@ -90,6 +125,13 @@ def raised_in_kernel(name, what, exc):
 
 
 # ------------------------------------------------------------------ the corner-hit histogram
+# what a check says of an access outside a tensor when its isolation probes confirm no cause
+_UNCONFIRMED = {
+    "hits_ptr": "the isolation probes (one sample, one edge of the map at a time) do not show "
+                "which corners your mask lets through, so another mistake is in the way too: "
+                "mask each corner's update with all five tests at once (offs < n, 0 <= row < H, "
+                "0 <= column < W) and print each corner's row and column for the lanes above",
+    None: "mask every access with the test that keeps it inside its tensor"}
 _HITS_GUARD = {
     "loc_ptr": "lanes past the last sample read past the locations: load them with the lane "
                "mask (offs < n)",
@@ -121,9 +163,103 @@ def _run_hits(kernel, name, height, width, locations, block, what):
     loc = locations.to(op.device(), torch.float32).contiguous()
     hits = torch.zeros(height * width, dtype=torch.int32, device=loc.device)
     n = loc.shape[0]
+    hint = _HITS_GUARD
+    if not recording.replaying() and guard.interpreting():
+        hint = dict(_HITS_GUARD, hits_ptr=lambda: _hits_mask_hint(kernel))
     ran_on = _launch(kernel, name, (-(-n // block),), (loc, hits, n, height, width),
-                     {"BLOCK": block}, what, _HITS_GUARD, writes=(1,))
+                     {"BLOCK": block}, what, hint, writes=(1,))
     return ran_on[1].detach().cpu().long()
+
+
+# the isolation probes of a corner-hit kernel that counted outside hits: one sample on a 3 x 4
+# map, one program of one lane, with its two corners on one side off the map (or none)
+_PROBE_MAP = (3, 4)
+_EDGE_PROBES = (("centre", (0.5, 1 / 3)), ("top", (0.5, 0.0)), ("bottom", (0.5, 1.0)),
+                ("left", (0.0, 1 / 3)), ("right", (1.0, 1 / 3)))
+_EDGE_WORDS = {"top": "above the map (row -1)", "bottom": "below the map (row H)",
+               "left": "left of the map (column -1)", "right": "right of the map (column W)"}
+
+
+def _probe_corners(x, y):
+    """(row, column) of corners 00, 01, 10, 11 of a sample at (x, y) on the probe map."""
+    height, width = _PROBE_MAP
+    x0 = int(torch.floor(torch.tensor(x, dtype=torch.float32) * width - 0.5))
+    y0 = int(torch.floor(torch.tensor(y, dtype=torch.float32) * height - 0.5))
+    return [(y0 + i, x0 + j) for i in (0, 1) for j in (0, 1)]
+
+
+def _probe_expected(corners, counted_off_map):
+    """(counts on the map, whether an update lands outside hits) when the on-map corners and,
+    with ``counted_off_map``, the off-map ones too are counted at row * W + column."""
+    height, width = _PROBE_MAP
+    counts, outside = torch.zeros(height * width, dtype=torch.int64), False
+    for r, c in corners:
+        on_map = 0 <= r < height and 0 <= c < width
+        if on_map or counted_off_map:
+            pixel = r * width + c
+            if 0 <= pixel < height * width:
+                counts[pixel] += 1
+            else:
+                outside = True
+    return counts, outside
+
+
+def _probe_run(kernel, x, y, n, block):
+    """(counts, whether the kernel updated outside hits) of one guarded launch, or None."""
+    height, width = _PROBE_MAP
+    loc = torch.tensor([[x, y]] * n, dtype=torch.float32, device=op.device())
+    hits = torch.zeros(height * width, dtype=torch.int32, device=loc.device)
+    try:
+        with forbid_references(kernel, writes=(1,)):
+            report = guard.launch(kernel, (1,), loc, hits, n, height, width, BLOCK=block)
+    except Exception:                              # noqa: BLE001  (no probe, no hint)
+        return None
+    return (report.args[1].detach().cpu().long(),
+            any(v.tensor == "hits_ptr" for v in report.violations))
+
+
+def _hits_mask_hint(kernel):
+    """The hint for a corner-hit kernel that updated outside hits, confirmed by isolation
+    probes: which corners off the map (per edge) and whether the lanes past the last sample
+    it counts; None when the probes do not show it (another mistake is in the way)."""
+    seen = {}
+    for edge, (x, y) in _EDGE_PROBES:
+        got = _probe_run(kernel, x, y, 1, 1)
+        if got is None:
+            return None
+        corners = _probe_corners(x, y)
+        right = _probe_expected(corners, False)
+        counted = _probe_expected(corners, True)
+        if torch.equal(got[0], right[0]) and got[1] == right[1]:
+            seen[edge] = False
+        elif edge != "centre" and torch.equal(got[0], counted[0]) and got[1] == counted[1]:
+            seen[edge] = True
+        else:
+            return None                           # the probe shows another mistake
+    # the centre sample in a program of two lanes: the second lies past the last sample
+    lanes = _probe_run(kernel, *_EDGE_PROBES[0][1], 1, 2)
+    if lanes is None:
+        return None
+    centre = _probe_expected(_probe_corners(*_EDGE_PROBES[0][1]), False)
+    past_n = not (torch.equal(lanes[0], centre[0]) and lanes[1] == centre[1])
+    edges = [edge for edge in _EDGE_WORDS if seen.get(edge)]
+    fix = ("mask each corner's update with all five tests at once: the lane mask offs < n and "
+           "the on-map test 0 <= row < H and 0 <= column < W")
+    if len(edges) == 4 and not past_n:
+        return ("corners off the map are counted: without the on-map test, corner (row, column) "
+                "adds into pixel row * W + column, another pixel of the map or outside hits; "
+                + fix)
+    found = []
+    if edges:
+        found.append("the corners " + ", ".join(_EDGE_WORDS[e] for e in edges[:-1])
+                     + (" and " if len(edges) > 1 else "") + _EDGE_WORDS[edges[-1]])
+    if past_n:
+        found.append("the lanes past the last sample (offs >= n)")
+    if not found:
+        return None
+    return ("located by isolation (one sample, one edge of the map at a time): your mask lets "
+            f"through {', and '.join(found)}; each of them adds into pixel row * W + column, "
+            f"another pixel of the map or outside hits. To fix it, {fix}")
 
 
 def _hits_variants(locations, height, width, block, racy):
@@ -282,9 +418,14 @@ def check_lost_updates(lost_updates, seed=None):
     gen = fresh_generator(seed)
     seed = gen.initial_seed()
     for description, height, width, locations, block in _prediction_cases(gen):
-        with forbid_references(lost_updates):
-            got = lost_updates(locations.clone(), height, width, block)
         what = f"lost_updates, {description} (seed {seed})"
+        with forbid_references(lost_updates):
+            try:
+                got = lost_updates(locations.clone(), height, width, block)
+            except AssertionError:
+                raise
+            except Exception as exc:              # noqa: BLE001  (explained, as a failure)
+                raise AssertionError(_raised_in_function("lost_updates", what, exc)) from None
         if isinstance(got, torch.Tensor) and got.numel() == 1 and not got.is_floating_point():
             raise AssertionError(f"{what}: return a Python int (int(...)), got a tensor "
                                  f"{got.item()}")
@@ -312,6 +453,11 @@ _BACKWARD_GUARD = {
                       "and start + r * W + c then points outside grad_value (or at another "
                       "pixel or level); mask the atomic add with the corner's on-map test (and "
                       "the channel mask), as the gather",
+    ("grad_value_ptr", "value_ptr"):
+        "corners off the map are read and receive gradient: a corner off the map has no row, "
+        "and start + r * W + c then points outside value and grad_value (or at another pixel "
+        "or level); the gather and the atomic add of a corner both need its on-map test with "
+        "the channel mask (mask=<corner on the map, channel < D>, and other=0.0 for the load)",
     "grad_out_ptr": _QUERY_MASK, "loc_ptr": _QUERY_MASK, "attn_ptr": _QUERY_MASK,
     "grad_loc_ptr": _QUERY_MASK, "grad_attn_ptr": _QUERY_MASK,
     None: "mask every access: the query mask for grad_out, the locations, the weights and the "

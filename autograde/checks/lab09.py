@@ -313,6 +313,44 @@ def _accum_hint(dtype, capability, got):
     return "no GPU before sm_90 has a native bf16 atomic add: True for every major version below 9"
 
 
+def _accum_expected(dtype, capability):
+    return dtype == torch.bfloat16 and (capability is None or capability[0] < 9)
+
+
+def _accum_where(capability):
+    return "the CPU interpreter" if capability is None else f"sm_{capability[0]}{capability[1]}"
+
+
+def _accum_diagnosis(cases, results):
+    """The hint for a wrong fp32_accum_default, from the whole table of its answers: a rule
+    named only where every wrong answer (and no right one) is what it explains."""
+    answers = {case: got for case, got in zip(cases, results)}
+    wrong = {case for case, got in answers.items()
+             if isinstance(got, Raised) or got != _accum_expected(*case)}
+    for dtype in DTYPES:                           # the test picks another dtype than bf16
+        if dtype != torch.bfloat16 and all(
+                answers[(d, c)] == (_accum_expected(torch.bfloat16, c) if d == dtype else False)
+                for d, c in cases if not isinstance(answers[(d, c)], Raised)) and \
+                not any(isinstance(answers[case], Raised) for case in cases):
+            return (f"your function answers for {dtype} what bf16 should get, and False for "
+                    f"bf16: the buffer is for bf16 (dtype == torch.bfloat16), on the "
+                    "interpreter and below sm_90")
+    if wrong and all(d != torch.bfloat16 for d, _ in wrong):
+        return ("only bf16 needs the buffer: fp16 atomic adds are native everywhere, fp32 and "
+                "fp64 need no buffer")
+    if wrong == {(torch.bfloat16, None)}:
+        return ("capability None means Triton's CPU interpreter, which has no bf16 atomics: "
+                "True for bf16")
+    if wrong and all(d == torch.bfloat16 and c is not None and c[0] >= 9 for d, c in wrong):
+        return "sm_90 and later add bf16 natively: True only when the major version is below 9"
+    if wrong and all(d == torch.bfloat16 and c is not None and c[0] < 9 for d, c in wrong):
+        return ("no GPU before sm_90 has a native bf16 atomic add: True for every major "
+                "version below 9")
+    listed = ", ".join(f"{d} on {_accum_where(c)}" for d, c in cases if (d, c) in wrong)
+    return (f"your answers are wrong for {listed} (of {len(cases)} dtype and GPU pairs): True "
+            "exactly for bf16 on the interpreter (capability None) and on GPUs below sm_90")
+
+
 def check_fp32_accum_default(fp32_accum_default):
     cases = [(dtype, capability) for dtype in DTYPES for capability in CAPABILITIES]
     with forbid_references(fp32_accum_default):
@@ -320,20 +358,24 @@ def check_fp32_accum_default(fp32_accum_default):
     if not judging():
         return
     for (dtype, capability), got in zip(cases, results):
-        expected = dtype == torch.bfloat16 and (capability is None or capability[0] < 9)
+        expected = _accum_expected(dtype, capability)
         if isinstance(got, Raised) or (got is not expected and got != expected):
-            where = "the CPU interpreter" if capability is None else \
-                f"sm_{capability[0]}{capability[1]}"
-            raise AssertionError(f"fp32_accum_default({dtype}, {capability}), {where}: "
-                                 f"expected {expected}, got {got}\n"
-                                 f"Hint: {_accum_hint(dtype, capability, got)}")
+            raise AssertionError(f"fp32_accum_default({dtype}, {capability}), "
+                                 f"{_accum_where(capability)}: expected {expected}, got {got}\n"
+                                 f"Hint: {_accum_diagnosis(cases, results)}")
     show(f"fp32_accum_default: {len(DTYPES)} dtypes x {len(CAPABILITIES)} GPUs (the "
          "interpreter included) right")
 
 
 def _cost_hint(got, numel, itemsize, half):
     if not half:
-        return "fp32 and fp64 need no buffer: both values are 0"
+        if got.get("buffer_bytes") == 4 * numel or \
+                got.get("conversion_bytes") == (4 + itemsize) * numel:
+            return ("fp32 and fp64 need no buffer: both values are 0 (you give them the "
+                    "half-precision cost)")
+        return (f"for a {8 * itemsize}-bit value both values are 0 (no buffer, nothing to "
+                f"convert); yours are {got.get('buffer_bytes')!r} and "
+                f"{got.get('conversion_bytes')!r}")
     buffer, conversion = got.get("buffer_bytes"), got.get("conversion_bytes")
     if buffer != 4 * numel:
         return ("the buffer holds fp32: 4 bytes per element of value, whatever value's dtype"

@@ -305,6 +305,34 @@ def _judge_bad(name, culprit, args, words, got, where, launched=LAUNCHED):
         raise AssertionError(f"{where}: raised {got}; expected {wanted}\nHint: {hint}")
 
 
+def _judge_valid(args, got, where):
+    """Raise AssertionError when validate raised on the plain valid inputs: its own code fails
+    (an exception that is no validation's), or one of its checks rejects a right argument."""
+    if got is None:
+        return
+    from .demo import where as line_of
+
+    exc = got.exc
+    if not isinstance(exc, (TypeError, ValueError)):
+        raise AssertionError(
+            f"{where}: raised {got}{line_of(exc)}, on arguments the operator accepts\nHint: "
+            "validate's own code fails on valid inputs: the line named is where it "
+            "stops (a name used before it is assigned, an attribute or index that is not there)")
+    named = str(exc).split(" ", 1)[0].split("[", 1)[0]
+    if named in ARGS:
+        value = args[named]
+        shown = (f"its shape here is {tuple(value.shape)}, dtype {value.dtype}"
+                 if isinstance(value, torch.Tensor) else f"it is {value!r} here")
+        hint = (f"your check of {named} rejects a right {named} ({shown}, as the table "
+                "allows): compare that check's condition, and the axis and size it reads, "
+                "with the table")
+    else:
+        hint = ("these are valid inputs: the check that raised this rejects arguments the "
+                "table allows")
+    raise AssertionError(f"{where}: raised {got}, but the operator accepts these arguments"
+                         f"\nHint: {hint}")
+
+
 def check_validation(validate, seed=None):
     gen = fresh_generator(seed)
     seed = gen.initial_seed()
@@ -320,6 +348,8 @@ def check_validation(validate, seed=None):
         good_results = [_attempt_none(validate, args) for _, args, _ in good]
     if not judging():
         return
+    # the valid inputs first: a validation that rejects them says nothing about the bad ones
+    _judge_valid(good[0][1], good_results[0], f"validate with valid inputs (seed {seed})")
     for (name, culprit, args, words), got in zip(bad, results):
         _judge_bad(name, culprit, args, words, got,
                    f"validate with bad input {name!r} (seed {seed})")
