@@ -18,17 +18,21 @@ __all__ = ["escape_log_records", "escaped"]
 _LIMIT = 200_000
 
 
-def escaped(text, limit=_LIMIT) -> str:
-    """``text`` with its control and format characters written out (``\\x1b``...), newlines
-    kept: :func:`autograde.status.printable`'s rule, here with the standard library only, so
-    that the sandbox's launcher can use it without importing the grader's modules (a kernel
-    that died is seen dead only once its launcher has exited)."""
+def escaped(text, limit=_LIMIT, newlines=True) -> str:
+    """``text`` safe to print on a terminal, write into a CSV or show in a page: control and
+    format characters (terminal escapes, carriage returns, bidirectional overrides) are
+    written out as ``\\xNN`` / ``\\uNNNN``, so that nothing a submission sent (a record, an
+    exception message, a folder name) can move the cursor, redraw another row, set a window
+    title or reach the clipboard; tabs become spaces, newlines too unless ``newlines``; at
+    most ``limit`` characters.  The standard library only, so that the sandbox's launcher can
+    use it without importing the grader's modules (a kernel that died is seen dead only once
+    its launcher has exited); :func:`autograde.status.printable` is this rule."""
     import unicodedata
     out = []
     for ch in str(text):
-        if ch == "\n":
+        if ch == "\n" and newlines:
             out.append(ch)
-        elif ch == "\t":
+        elif ch in "\n\t":
             out.append(" ")
         elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
             code = ord(ch)

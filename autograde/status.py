@@ -200,27 +200,11 @@ def note_failure(root, settings, assignment, student, reason):
 
 
 def printable(text, limit=4000, newlines=False) -> str:
-    """``text`` safe to print on a terminal, write into a CSV or show in a page: control and
-    format characters (terminal escapes, carriage returns, bidirectional overrides) are
-    written out as ``\\xNN`` / ``\\uNNNN``, so that nothing a submission sent (a record, an
-    exception message, a folder name) can move the cursor, redraw another row, set a window
-    title or reach the clipboard; newlines become spaces unless ``newlines``; at most
+    """``text`` safe to print on a terminal, write into a CSV or show in a page
+    (:func:`autograde.logs.escaped`): newlines become spaces unless ``newlines``; at most
     ``limit`` characters."""
-    import unicodedata
-    out = []
-    for ch in str(text):
-        if ch == "\n" and newlines:
-            out.append(ch)
-        elif ch in "\n\t":
-            out.append(" ")
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
-                       else f"\\U{code:08x}")
-        else:
-            out.append(ch)
-    clean = "".join(out)
-    return clean if len(clean) <= limit else clean[:limit] + "..."
+    from .logs import escaped
+    return escaped(text, limit, newlines)
 
 
 def _alive(entry):
