@@ -144,9 +144,9 @@ KERNEL_VIEW = {
 }
 
 # the guard of the cells that run the student's code outside a check
-# (``autograde.checks.demo``, reached as ``check.guarded`` from labs 01, 02, 06 and 08; lab 04's
-# checks word a student's exception with it)
-for _number in (1, 2, 4, 6, 8):
+# (``autograde.checks.demo``, reached as ``check.guarded`` from labs 01, 02, 06 and 08; the
+# checks of labs 04 and 07 word a student's exception with it)
+for _number in (1, 2, 4, 6, 7, 8):
     KERNEL_VIEW[_number].update({"autograde.checks.demo": "*", "autograde.checks.guard": "*"})
 
 

@@ -19,6 +19,7 @@ from autograde import recording
 from . import _operator as op
 from . import diagnose_grad
 from .common import forbid_references, fresh_generator, judging
+from .demo import unwritten, where
 
 __all__ = ["check_grad_attention_weights", "check_grad_sampling_locations",
            "check_grad_value", "AutogradUsed", "guarded"]
@@ -183,12 +184,12 @@ def raised_in(student, name, what, exc):
         return f"{what}: {name} is not written yet (it raises NotImplementedError)"
     filename = getattr(getattr(student, "__code__", None), "co_filename", None)
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
-    where = ""
+    at = ""
     if frames:
         frame = frames[-1]
         line = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
-        where = f" in {frame.name}, at `{line}`" if line else f" in {frame.name}"
-    return (f"{what}: {name} raised {type(exc).__name__}: {exc}{where}\nHint: the check called "
+        at = f" in {frame.name}, at `{line}`" if line else f" in {frame.name}"
+    return (f"{what}: {name} raised {type(exc).__name__}: {exc}{at}\nHint: the check called "
             "it with the arguments its docstring gives, in its shapes and dtypes: that line is "
             "where your code stopped (print what it computes with, on these shapes)")
 
@@ -277,34 +278,6 @@ GRADCHECK_INPUTS = (("value", "grad_value"), ("sampling_locations", "grad_sampli
                     ("attention_weights", "grad_attention_weights"))
 
 
-def _chain(exc):
-    """``exc`` and the exceptions that caused it, outermost first."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-def _where(exc):
-    """" (in <function>, at `<line>`)": the innermost line of notebook code (not torch's, not
-    the checks') in the traceback of ``exc`` or of an exception that caused it, or ""."""
-    import linecache
-    import traceback
-
-    frames = []
-    for link in _chain(exc):
-        inner = [f for f in traceback.extract_tb(link.__traceback__)
-                 if not any(part in f.filename for part in ("site-packages", "/autograde/",
-                                                            "/source_kernels/", "/lib/python"))]
-        frames = inner or frames
-    if not frames:
-        return ""
-    frame = frames[-1]
-    line = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
-    return f" (in {frame.name}, at `{line}`)" if line else f" (in {frame.name})"
-
-
 def _see_check(name):
     return (f"its visible check above (check.check_{name}) compares it with autograd and "
             "says where it goes wrong: run it, then this cell again")
@@ -331,7 +304,7 @@ def _gradcheck_failure(what, exc, inputs):
                 f"gradient of {argument} has its shape ({shape.group(3)}); "
                 f"{_see_check(name)}")
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return (f"{what}: gradcheck stopped with {type(exc).__name__}{_where(exc)}: "
+    return (f"{what}: gradcheck stopped with {type(exc).__name__}{where(exc)}: "
             f"{lines[0] if lines else ''}. It calls {', '.join(names)} as the backward of "
             "the forward: the visible check of each one, above, says which one is wrong")
 
@@ -349,8 +322,7 @@ def guarded(what, inputs=GRADCHECK_INPUTS):
     except KeyboardInterrupt:
         raise
     except Exception as exc:                  # noqa: BLE001  (explained, in the cell's output)
-        where = _where
-        if any(isinstance(link, NotImplementedError) for link in _chain(exc)):
+        if unwritten(exc):
             message = (f"{what}: a function it calls is not written yet: it raises "
                        f"NotImplementedError{where(exc)}. Write it first; its visible check "
                        "above says when it is right")
