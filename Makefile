@@ -87,11 +87,11 @@ book: $(STAMP)
 # the modules that build or read the book together (tests/conftest.py groups them); GPU-only
 # tests skip themselves without a GPU.
 test: $(STAMP) system-packages
-	$(RUN) $(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(RUN) $(BIN)/python -m pytest -n 2 --dist loadscope
 
 # The unit tests only (FAST_TESTS above); needs no system package.
 test-fast: $(STAMP)
-	$(RUN) $(BIN)/python -m pytest -m "$(FAST_TESTS)" -q -n 2 --dist loadgroup
+	$(RUN) $(BIN)/python -m pytest -m "$(FAST_TESTS)" -q -n 2 --dist loadscope
 
 # JupyterLab on the course, from the course's environment (root needs --allow-root), serving
 # the repository root: nbgrader's extensions need the course directory inside the server's root.

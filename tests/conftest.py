@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 
 import pytest
@@ -68,34 +69,45 @@ END_TO_END = {
 }
 
 
-# `make test` spreads the modules over both cores (pytest-xdist, ``--dist loadgroup``): each
-# module is a group of its own, so its module-scoped fixtures (a release, a graded class) are
-# built once, on one worker; the modules that build or read the book's ``_build/html`` share
-# one group, so that no two of them build it at the same time.  The longest modules start
-# first (LONGEST_FIRST, from the suite's --durations on 2 cores, results/ci_durations_cpu.txt): the other worker takes the
-# short ones meanwhile, and the run ends when the longest does.
-SHARED_GROUPS = {"test_book.py": "book", "test_browser.py": "book",
-                 "test_book_results.py": "book"}
+# `make test` spreads the modules over both cores (pytest-xdist, ``-n 2 --dist loadscope``),
+# with the scheduler below: each module is one unit of work, so its module-scoped fixtures (a
+# release, a graded class) are built once, on one worker; the modules that build or read the
+# book's ``_build/html`` form one unit, so that no two of them build it at the same time; the
+# tests of tests/test_similarity.py, which has no module-scoped fixture, are split by lab.
+# (xdist's own ``loadgroup`` reads ``xdist_group`` marks by rewriting node ids, which pytest 9
+# no longer lets a plugin do.)  The longest units start first (LONGEST_FIRST, from the
+# suite's --durations on 2 cores, results/ci_durations_cpu.txt): the other worker takes the
+# short ones meanwhile, and the run ends soon after the longest does.
+SHARED_UNITS = {"test_book.py": "book", "test_browser.py": "book",
+                "test_book_results.py": "book"}
+SPLIT_BY_LAB = {"test_similarity.py"}
 LONGEST_FIRST = ("test_labs_05_10.py", "test_hub.py", "test_labs_00_04.py", "test_hub_attacks.py",
                  "test_book.py", "test_browser.py", "test_book_results.py", "test_grading.py",
                  "test_mistakes_forward.py", "test_mistakes_backward.py", "test_cheats.py",
                  "test_similarity.py", "test_integrity_grading.py", "test_grading_isolation.py")
+_LAB_PARAMETER = re.compile(r"\[(lab\d\d_[a-z0-9_]+)")
 
 
-# Modules without module-scoped fixtures whose tests are many and long, split by the lab a
-# test is parametrised with (tests/test_similarity.py runs every corpus answer through its
-# lab's checks): each lab's tests form a group of their own, so both workers share them.
-SPLIT_BY_LAB = {"test_similarity.py"}
+def unit_of_work(nodeid: str) -> str:
+    """The unit of work a test belongs to, from its node id."""
+    module = nodeid.split("::", 1)[0]
+    name = module.rsplit("/", 1)[-1]
+    if name in SHARED_UNITS:
+        return SHARED_UNITS[name]
+    lab = _LAB_PARAMETER.search(nodeid) if name in SPLIT_BY_LAB else None
+    return f"{module}[{lab.group(1)}]" if lab else module
 
 
-def _group(item) -> str:
-    name = item.path.name
-    if name in SHARED_GROUPS:
-        return SHARED_GROUPS[name]
-    lab = getattr(item, "callspec", None) and item.callspec.params.get("lab")
-    if name in SPLIT_BY_LAB and lab:
-        return f"{item.path.stem}-{lab}"
-    return item.path.stem
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CourseUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return unit_of_work(nodeid)
+
+    return CourseUnits(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -103,7 +115,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in END_TO_END.get(item.path.name, ()):
             item.add_marker(getattr(pytest.mark, name))
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     if torch.cuda.is_available():
