@@ -81,10 +81,11 @@ END_TO_END = {
 SHARED_UNITS = {"test_book.py": "book", "test_browser.py": "book",
                 "test_book_results.py": "book"}
 SPLIT_BY_LAB = {"test_similarity.py"}
-LONGEST_FIRST = ("test_labs_05_10.py", "test_hub.py", "test_labs_00_04.py", "test_hub_attacks.py",
-                 "test_book.py", "test_browser.py", "test_book_results.py", "test_grading.py",
-                 "test_mistakes_forward.py", "test_mistakes_backward.py", "test_cheats.py",
-                 "test_similarity.py", "test_integrity_grading.py", "test_grading_isolation.py")
+LONGEST_FIRST = ("test_book.py", "test_browser.py", "test_book_results.py", "test_grading.py",
+                 "test_labs_05_10.py", "test_hub.py", "test_hub_attacks.py", "test_cheats.py",
+                 "test_labs_00_04.py", "test_integrity_grading.py", "test_hub_bad_input.py",
+                 "test_grading_isolation.py", "test_similarity.py", "test_feedback.py",
+                 "test_mistakes_forward.py", "test_mistakes_backward.py")
 _LAB_PARAMETER = re.compile(r"\[(lab\d\d_[a-z0-9_]+)")
 
 

@@ -98,8 +98,12 @@ NAME_ERROR = "a name is used before any line assigns it (a line missing, or a mi
 def raised(what, name, got):
     """The AssertionError a check raises when the student's ``name`` raised (``got``: a
     ``common.Raised``): the exception, the notebook line it came from, and for a NameError
-    what that means."""
+    what that means.  A function not written yet is said to be so, first (whatever the input:
+    ``nbgrader validate`` shows a message's first 70-odd characters)."""
     exc = got.exc
+    if unwritten(exc):
+        return AssertionError(f"{name} is not written yet (it raises NotImplementedError"
+                              f"{where(exc)}): replace the raise with your code")
     text = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
     hint = f"\nHint: {NAME_ERROR}" if isinstance(exc, NameError) else ""
     return AssertionError(f"{what}: your {name} raised {type(exc).__name__}{where(exc)}: {text}"

@@ -288,6 +288,9 @@ def _call_msda(msda_naive, args, what):
     except AssertionError:
         raise
     except Exception as exc:                                        # noqa: BLE001
+        from .demo import unwritten
+        if unwritten(exc):
+            raise _raised(what, "msda_naive", Raised(exc)) from None
         text = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
         hint = "run it on this input yourself and look at the line the traceback names"
         reshape = _RESHAPE.search(text) if isinstance(exc, RuntimeError) else None
