@@ -70,6 +70,7 @@ def _given(meta, source):
         return False
 
 
+@pytest.mark.slow                       # every answer through its lab's checks: minutes
 @pytest.mark.parametrize("lab, gid, name", ANSWERS, ids=["/".join(a) for a in ANSWERS])
 def test_every_corpus_answer_passes_the_labs_checks(lab, gid, name):
     answer = (CORPUS / lab / gid / f"{name}.py").read_text()
