@@ -276,6 +276,13 @@ def test_assignment_list_fetch_and_validate_button_in_the_browser(server, course
             notebook.locator(".jp-Notebook-cell").first.wait_for()
             validate = notebook.locator(".jp-NotebookPanel-toolbar "
                                         "[title='Validate Assignment']")
+            # the extension adds its button to the toolbar after the panel draws its cells (a
+            # loaded host can show the cells first): wait for it rather than count at once
+            from playwright.sync_api import TimeoutError as PlaywrightTimeout
+            try:
+                validate.first.wait_for(timeout=30_000)
+            except PlaywrightTimeout:
+                pass
             assert validate.count() == 1, "nbgrader's Validate button is not in the toolbar"
             validate.first.click()
             dialog = tab.locator(".jp-Dialog")
