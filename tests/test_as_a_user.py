@@ -11,6 +11,9 @@ that the user owns (the tests write beside it, for example screenshots under ``_
   tests/test_labs_00_04.py and tests/test_labs_05_10.py build their courses the same way;
 - the tests that need the sandbox (tests/test_grading.py, tests/test_cheats.py) skip, each
   with a one-line reason naming the command that runs them.
+
+Where the course's Python lies under a folder other accounts cannot enter (CI's pyenv build
+under root's home), the user is let in by an ACL entry for the length of the test.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,6 +37,39 @@ NOT_COPIED = (".git", ".venv", "_build", "release", "submitted", "autograded", "
 GRADES_A_LAB = "test_report_lists_pending_answers_before_they_are_graded"
 SANDBOX_REASON = "the grading sandbox switches the kernel to another uid, which needs root " \
                  "(to run this test: sudo make test)"
+
+
+def _blocked_ancestors(path: Path) -> list[Path]:
+    """Folders above ``path`` that an account outside their owner and group cannot enter."""
+    return [folder for folder in reversed(path.parents) if not os.stat(folder).st_mode & 0o001]
+
+
+@contextmanager
+def _traversal(account):
+    """Let ``account`` enter (not list) the folders above the course's Python and checkout that
+    others may not enter, as the hub does for its accounts (``hub.py``'s grant_traversal): one
+    POSIX ACL entry ``u:ACCOUNT:--x`` each, taken away afterwards.  CI's interpreter is a pyenv
+    build under root's 0700 home, so without this the test could only skip there.  Yields the
+    folders it opened; a folder that has an entry for the account already is left as it is."""
+    paths = (Path(sys.executable).parent, Path(os.path.realpath(sys.executable)).parent, REPO)
+    folders = sorted({str(f) for p in paths for f in _blocked_ancestors(p)})
+    if folders and shutil.which("setfacl") is None:
+        pytest.skip(f"the course's Python lies under {folders[0]}, which {account.pw_name} "
+                    "cannot enter, and setfacl is missing to let it in (apt-get install acl)")
+    granted = []
+    try:
+        for folder in folders:
+            listing = subprocess.run(["getfacl", "--omit-header", "--numeric", folder],
+                                     capture_output=True, text=True).stdout
+            if f"user:{account.pw_uid}:" in listing:
+                continue
+            subprocess.run(["setfacl", "-m", f"u:{account.pw_uid}:--x", folder], check=True)
+            granted.append(folder)
+        yield folders
+    finally:
+        for folder in granted:
+            subprocess.run(["setfacl", "-x", f"u:{account.pw_uid}", folder], check=False,
+                           stderr=subprocess.DEVNULL)
 
 
 def _as_user(account, args, cwd, home, timeout):
@@ -60,20 +97,22 @@ def user_copy():
         pytest.skip(f"this machine has no account {USER!r} to run the tests as")
     base = Path(tempfile.mkdtemp(prefix="course-as-a-user-"))
     try:
-        base.chmod(0o755)
-        copy, home = base / "course", base / "home"
-        shutil.copytree(REPO, copy, symlinks=True, ignore=shutil.ignore_patterns(*NOT_COPIED))
-        home.mkdir()
-        for path in (base, copy, home, *copy.rglob("*"), *home.rglob("*")):
-            os.lchown(path, account.pw_uid, account.pw_gid)
-        # as the tests will: programs of the environment through their #! lines, from PATH
-        probe = _as_user(account, ["sh", "-c", "nbgrader --version && python -c 'import "
-                                   "autograde, torch'"], copy, home, 300)
-        if probe.returncode != 0:
-            pytest.skip(f"the course's Python ({sys.executable}) cannot be run by {USER} here "
-                        f"(it lives where other users cannot read it): "
-                        f"{(probe.stderr.strip().splitlines() or ['?'])[-1][:200]}")
-        yield account, copy, home
+        with _traversal(account) as opened:
+            base.chmod(0o755)
+            copy, home = base / "course", base / "home"
+            shutil.copytree(REPO, copy, symlinks=True,
+                            ignore=shutil.ignore_patterns(*NOT_COPIED))
+            home.mkdir()
+            for path in (base, copy, home, *copy.rglob("*"), *home.rglob("*")):
+                os.lchown(path, account.pw_uid, account.pw_gid)
+            # as the tests will: programs of the environment through their #! lines, from PATH
+            probe = _as_user(account, ["sh", "-c", "nbgrader --version && python -c 'import "
+                                       "autograde, torch'"], copy, home, 300)
+            assert probe.returncode == 0, (
+                f"the course's Python ({sys.executable}) cannot be run by {USER}, although "
+                f"it may enter {opened or 'every folder above it'}: "
+                f"{(probe.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+            yield account, copy, home
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
