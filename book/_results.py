@@ -244,10 +244,26 @@ def gpu_note(name: str, command: str) -> Markdown:
     text = f"Measured on {provenance_line(prov)} by `{made_by}`, read from `results/{name}`."
     for run in data.get("filled_in", []):
         later = run.get("provenance", {})
-        text += (f" The rows marked *filled in* ({len(run.get('measured', []))} cases) were "
-                 f"measured later, on {provenance_line(later)} by "
-                 f"`{later.get('command', '?')}`.")
+        measured = run.get("measured", [])
+        kinds = sorted({m.split()[0] for m in measured})
+        counts = ", ".join(f"{sum(m.split()[0] == k for m in measured)} {k}" for k in kinds)
+        other_code = code_that_ran(later) != code_that_ran(prov)
+        text += (f" {len(measured)} cases ({counts}) were measured later, on "
+                 f"{provenance_line(later)} by `{later.get('command', '?')}`"
+                 + (f", from other code ({code_that_ran(later)}; the rest ran "
+                    f"{code_that_ran(prov)})" if other_code else "")
+                 + ": a table marks their rows *filled in*.")
     return Markdown(text + " Everything else on this page runs without a GPU.")
+
+
+def code_that_ran(provenance: dict) -> str:
+    """'commit fcc2ccc', or 'commit 7a0b863 with uncommitted changes': the code a results
+    file's run executed, as its provenance records it."""
+    if provenance.get("code_commit"):
+        return f"commit {provenance['code_commit']}"
+    commit = str(provenance.get("repository_commit", "?"))[:7]
+    dirty = provenance.get("uncommitted_changes_to_tracked_files")
+    return f"commit {commit}" + (" with uncommitted changes" if dirty else "")
 
 
 # ------------------------------------------------------------------ the book's timing words
