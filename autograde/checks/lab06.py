@@ -215,12 +215,7 @@ def _judge_narrow(buffer, args, what):
     batch, total, heads, channels = value.shape
     queries = args["sampling_locations"].shape[1]
     n_out = batch * queries * heads * channels
-    tail = buffer[n_out:].detach().cpu().double()
-    if bool((tail != SENTINEL).any()):
-        raise AssertionError(
-            f"{what}: the kernel wrote {int((tail != SENTINEL).sum())} elements past the end of "
-            "out\nHint: the last block holds queries beyond Q (offs_q >= Q): mask the store "
-            "(and the loads) with mask_q = offs_q < Q")
+    _tail_written(buffer, args, what)
     got = buffer[:n_out].detach().cpu().double().view(batch, queries, heads, channels)
     expected = op.forward_fp64(args).view(batch, queries, heads, channels)
     message = _mismatch(got, expected, value.dtype, what)
@@ -252,23 +247,112 @@ def _judge_narrow(buffer, args, what):
                 "to find where it goes wrong"))
 
 
+def _tail_written(buffer, args, what):
+    """Raise when the kernel stored past the end of out (into the sentinel tail)."""
+    batch, _, heads, channels = args["value"].shape
+    n_out = batch * args["sampling_locations"].shape[1] * heads * channels
+    tail = buffer[n_out:].detach().cpu().double()
+    if bool((tail != SENTINEL).any()):
+        raise AssertionError(
+            f"{what}: the kernel wrote {int((tail != SENTINEL).sum())} elements past the end of "
+            "out\nHint: the last block holds queries beyond Q (offs_q >= Q): mask the store "
+            "(and the loads) with mask_q = offs_q < Q")
+
+
+PROBE_BLOCK_Q = 4                    # the probes' 5 queries: 2 blocks, 3 queries beyond Q
+
+
+def _probe_named(got, args):
+    """The text of the one NARROW_MISTAKES entry whose output equals ``got`` (B, Q, M, D) on
+    this probe; None when none does, or more than one (the probe does not tell them apart)."""
+    found = [text for text, mistake in NARROW_MISTAKES
+             if _mismatch(got, _flat_forward(args, **mistake), torch.float32) is None]
+    return found[0] if len(found) == 1 else None
+
+
+def _nan_hint(read_nan, args, term, shape):
+    """The hint for a probe whose output holds NaN the kernel computed: a read past an input
+    (the guards are NaN), located, with the corners of weight 0 that lie off the map there."""
+    b, q, m, _ = (int(i) for i in read_nan.view(shape).nonzero()[0])
+    corners = _outside_corners(args, b, q, m)
+    return (f"NaN at batch {b}, query {q}, head {m}: the kernel read past one of its input "
+            "tensors (the check surrounds them with NaN). "
+            + (f"Off the map there, with weight 0 on this probe: {'; '.join(corners[:3])}; a "
+               "corner off the map is read only without its mask. " if corners else "")
+            + f"The probes before this one were right, so look at what this probe adds: {term}")
+
+
+def _locate_narrow(buffers, probe_list, label):
+    """Location by isolation (as lab 05's kernel check): the kernel's output on each probe of
+    :func:`_operator.probes` (one term switched on at a time), judged by ``diagnose.locate``.
+
+    Returns None when every probe is right.  Raises at the first wrong probe, except one whose
+    only fault is NaN where a corner of weight 0 lies off the map (a missing mask, which the
+    general cases name): that probe's message is returned, for the check to raise if the
+    general cases pass.  A row the kernel never stored holds the sentinel, which becomes NaN
+    for ``diagnose`` (its sign of an unwritten row); a NaN the kernel computed itself came from
+    a read past an input, and is said so instead."""
+    from . import diagnose
+
+    for (name, term, args), buffer in zip(probe_list, buffers):
+        what = f"{label}, probe: {name}"
+        if isinstance(buffer, Raised):
+            raise AssertionError(f"{what}: the launch raised {buffer}")
+        _tail_written(buffer, args, what)
+        batch, queries, heads, channels = (*args["sampling_locations"].shape[:3],
+                                           args["value"].shape[3])
+        shape = (batch, queries, heads, channels)
+        raw = buffer[:batch * queries * heads * channels].detach().cpu().double().view(shape)
+        unwritten = raw == SENTINEL
+        read_nan = torch.isnan(raw)
+        got = torch.where(unwritten, torch.full_like(raw, float("nan")), raw)
+        found = diagnose.locate([got.view(batch, queries, heads * channels)],
+                                [(name, term, args)], op.TOLERANCE[torch.float32])
+        if found is None:
+            continue
+        message, hint = found[1].split("\nHint: ", 1)
+        if bool(unwritten.any()):
+            hint = hint.replace("they still hold the NaN the check filled the output with",
+                                f"they still hold {SENTINEL}, the value the check filled out "
+                                "with, shown as nan above")
+        elif bool(read_nan.any()):
+            expected = op.forward_fp64(args).view(shape)
+            atol = op.TOLERANCE[torch.float32] * max(float(expected.abs().max()), 1e-6)
+            right = ((raw - expected).abs() <= atol) | read_nan
+            hint = _nan_hint(read_nan, args, term, shape)
+            rows = read_nan.any(-1).nonzero().tolist()
+            if bool(right.all()) and all(_outside_corners(args, *r) for r in rows):
+                return f"{label}, {message}\nHint: {hint}"
+        else:
+            hint = _probe_named(raw, args) or hint
+        raise AssertionError(f"{label}, {message}\nHint: {hint}")
+    return None
+
+
 def check_narrow(msda_forward_narrow_kernel, seed=None):
     gen = fresh_generator(seed)
     seed = gen.initial_seed()
     cases = _narrow_cases(gen)
+    probe_list = op.probes(gen, torch.float32)
+    on_device = [{k: v.to(op.device()) for k, v in args.items()} for _, _, args in probe_list]
     with forbid_references(msda_forward_narrow_kernel, writes=(5,)):
+        probed = [attempt(_launch, msda_forward_narrow_kernel, args, PROBE_BLOCK_Q)
+                  for args in on_device]
         buffers = [attempt(_launch, msda_forward_narrow_kernel, args, block_q)
                    for _, args, block_q in cases]
     if not judging():
         return
+    deferred = _locate_narrow(probed, probe_list, f"narrow forward (seed {seed})")
     for (what, args, _), buffer in zip(cases, buffers):
         what = f"narrow forward, {what} (seed {seed})"
         if isinstance(buffer, Raised):
             raise AssertionError(f"{what}: the launch raised {buffer}")
         _judge_narrow(buffer, args, what)
-    show(f"msda_forward_narrow_kernel: {len(cases)} launches (seed {seed}), queries beyond Q "
-         "in the last block, locations outside the maps: output right, nothing read or "
-         "written past a tensor")
+    if deferred is not None:
+        raise AssertionError(deferred)
+    show(f"msda_forward_narrow_kernel (seed {seed}): {len(probe_list)} probes, one term at a "
+         f"time, then {len(cases)} launches with queries beyond Q in the last block and "
+         "locations outside the maps: output right, nothing read or written past a tensor")
 
 
 # ------------------------------------------------------------------ stage 4: the tuner
