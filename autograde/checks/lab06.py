@@ -282,7 +282,48 @@ def _nan_hint(read_nan, args, term, shape):
             + f"The probes before this one were right, so look at what this probe adds: {term}")
 
 
-def _locate_narrow(buffers, probe_list, label):
+def _named_everywhere(hint, cases, buffers):
+    """Whether the mistake that a probe's hint names (an entry of NARROW_MISTAKES, or of the
+    operator's catalogue ``diagnose.MISTAKES``) reproduces the kernel's output on the general
+    cases too: a probe has few inputs, and two mistakes can agree on it (at a pixel centre,
+    reading column x0 + 1 looks like giving dx to x0).  True for a hint that names no entry."""
+    from . import diagnose
+
+    narrow = dict(NARROW_MISTAKES).get(hint)
+    general = [conventions for text, conventions in diagnose.MISTAKES if text == hint]
+    if narrow is None and not general:
+        return True
+    for (_, args, _), buffer in zip(cases, buffers):
+        if isinstance(buffer, Raised):
+            return False
+        batch, _, heads, channels = args["value"].shape
+        queries = args["sampling_locations"].shape[1]
+        n_out = batch * queries * heads * channels
+        if bool((buffer[n_out:].detach().cpu() != SENTINEL).any()):
+            return False
+        got = buffer[:n_out].detach().cpu().double().view(batch, queries, heads, channels)
+        dtype = args["value"].dtype
+        if narrow is not None:
+            if _mismatch(got, _flat_forward(args, **narrow), dtype) is not None:
+                return False
+            continue
+        conventions = dict(general[0])
+        transform = conventions.pop("transform", None)
+        inputs = tuple(args.values())
+        try:
+            variant = diagnose.sample(*(transform(inputs) if transform else inputs),
+                                      **conventions).view(got.shape)
+        except (RuntimeError, IndexError, ValueError):
+            return False
+        known = ~torch.isnan(variant)
+        atol = op.TOLERANCE[dtype] * max(float(op.forward_fp64(args).abs().max()), 1e-6)
+        if float(known.double().mean()) < 0.5 or \
+                not bool((((got - variant).abs() <= atol) | ~known).all()):
+            return False
+    return True
+
+
+def _locate_narrow(buffers, probe_list, label, confirm=lambda hint: True):
     """Location by isolation (as lab 05's kernel check): the kernel's output on each probe of
     :func:`_operator.probes` (one term switched on at a time), judged by ``diagnose.locate``.
 
@@ -291,7 +332,9 @@ def _locate_narrow(buffers, probe_list, label):
     general cases name): that probe's message is returned, for the check to raise if the
     general cases pass.  A row the kernel never stored holds the sentinel, which becomes NaN
     for ``diagnose`` (its sign of an unwritten row); a NaN the kernel computed itself came from
-    a read past an input, and is said so instead."""
+    a read past an input, and is said so instead.  ``confirm(hint)``: whether the mistake a
+    hint names reproduces the kernel's output beyond the probe (else the probe's term is
+    given instead of the name)."""
     from . import diagnose
 
     for (name, term, args), buffer in zip(probe_list, buffers):
@@ -311,11 +354,7 @@ def _locate_narrow(buffers, probe_list, label):
         if found is None:
             continue
         message, hint = found[1].split("\nHint: ", 1)
-        if bool(unwritten.any()):
-            hint = hint.replace("they still hold the NaN the check filled the output with",
-                                f"they still hold {SENTINEL}, the value the check filled out "
-                                "with, shown as nan above")
-        elif bool(read_nan.any()):
+        if bool(read_nan.any()):             # (diagnose would call these rows unwritten)
             expected = op.forward_fp64(args).view(shape)
             atol = op.TOLERANCE[torch.float32] * max(float(expected.abs().max()), 1e-6)
             right = ((raw - expected).abs() <= atol) | read_nan
@@ -323,8 +362,16 @@ def _locate_narrow(buffers, probe_list, label):
             rows = read_nan.any(-1).nonzero().tolist()
             if bool(right.all()) and all(_outside_corners(args, *r) for r in rows):
                 return f"{label}, {message}\nHint: {hint}"
+        elif bool(unwritten.any()):
+            hint = hint.replace("they still hold the NaN the check filled the output with",
+                                f"they still hold {SENTINEL}, the value the check filled out "
+                                "with, shown as nan above")
         else:
             hint = _probe_named(raw, args) or hint
+            if not confirm(hint):
+                hint = (f"no usual mistake reproduces your output on every input of this check "
+                        "(one does on this probe alone), and this probe is the first that goes "
+                        f"wrong, so look at what it adds: {term}")
         raise AssertionError(f"{label}, {message}\nHint: {hint}")
     return None
 
@@ -342,7 +389,8 @@ def check_narrow(msda_forward_narrow_kernel, seed=None):
                    for _, args, block_q in cases]
     if not judging():
         return
-    deferred = _locate_narrow(probed, probe_list, f"narrow forward (seed {seed})")
+    deferred = _locate_narrow(probed, probe_list, f"narrow forward (seed {seed})",
+                              lambda hint: _named_everywhere(hint, cases, buffers))
     for (what, args, _), buffer in zip(cases, buffers):
         what = f"narrow forward, {what} (seed {seed})"
         if isinstance(buffer, Raised):
