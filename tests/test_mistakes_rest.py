@@ -486,6 +486,10 @@ def test_the_baselines_of_the_diagnoses_are_the_reference():
         batch, _, heads, channels = args["value"].shape
         expected = op.forward_fp64(args).view(batch, -1, heads, channels)
         torch.testing.assert_close(lab06._flat_forward(args), expected, atol=1e-12, rtol=0)
+    for _, _, args in op.probes(gen, torch.float32):        # lab 06 names mistakes there too
+        batch, _, heads, channels = args["value"].shape
+        expected = op.forward_fp64(args).view(batch, -1, heads, channels)
+        torch.testing.assert_close(lab06._flat_forward(args), expected, atol=1e-12, rtol=0)
     layer = chip00.DeformableCrossAttention(12, 3, 2).double()
     layer.load_state_dict(lab00._random_weights(gen, 12, 6))
     query = torch.randn(2, 5, 12, generator=gen, dtype=torch.float64)
