@@ -279,7 +279,8 @@ def _nan_hint(read_nan, args, term, shape):
             "tensors (the check surrounds them with NaN). "
             + (f"Off the map there, with weight 0 on this probe: {'; '.join(corners[:3])}; a "
                "corner off the map is read only without its mask. " if corners else "")
-            + f"The probes before this one were right, so look at what this probe adds: {term}")
+            + "This probe is where your output first goes wrong, so look at what it adds: "
+            + term)
 
 
 def _named_everywhere(hint, cases, buffers):
@@ -380,12 +381,13 @@ def _locate_narrow(buffers, probe_list, label, confirm=lambda hint: True):
             if bool((raw.abs() <= atol).all()) and not _catalogued(hint):
                 # (diagnose's factor hint would call it "0 times the right one")
                 hint = ("your output is 0 everywhere on this probe, where the reference's is "
-                        "not: no sample added anything to what was stored. This probe is the "
-                        f"first that goes wrong, so look at what it adds: {term}")
+                        "not: no sample added anything to what was stored, and no usual mistake "
+                        "reproduces that. This probe is where your output first goes wrong, so "
+                        f"look at what it adds: {term}")
             elif not confirm(hint):
                 hint = (f"no usual mistake reproduces your output on every input of this check "
-                        "(one does on this probe alone), and this probe is the first that goes "
-                        f"wrong, so look at what it adds: {term}")
+                        "(one does on this probe alone). This probe is where your output first "
+                        f"goes wrong, so look at what it adds: {term}")
         raise AssertionError(f"{label}, {message}\nHint: {hint}")
     return None
 
