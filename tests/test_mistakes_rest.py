@@ -212,6 +212,12 @@ MISTAKES = [
      [("w = (dy if corner // 2 == 1 else 1 - dy) * (dx if corner % 2 == 1 else 1 - dx)",
        "w = (dx if corner // 2 == 1 else 1 - dx) * (dy if corner % 2 == 1 else 1 - dy)")],
      "check_narrow", "corner weights", "dx and dy swapped in the corner weights"),
+    # mistakes lab 06's own table (NARROW_MISTAKES) does not hold: a probe (one term at a time)
+    # catches them first, the first named by the operator's catalogue, the second located
+    ("lab06", "narrow_kernel", [("tl.load(attn_ptr + p, mask", "tl.load(attn_ptr + p - k, mask")],
+     "check_narrow", "weight's index ignores the point", "the weight's index ignores the point k"),
+    ("lab06", "narrow_kernel", [("value_bm + s * (M * D) + d,", "value_bm + s * (M * D),")],
+     "check_narrow", "adds: the channel term", "every channel reads channel 0 of value"),
     ("lab06", "tune", [(TRY_RUN, "        out = run(config)\n")],
      "check_tune", "catch the exception", "a failing configuration stops the tuning"),
     ("lab06", "tune", [("\n                or not torch.allclose(out, expected, atol=atol, rtol=rtol)",
@@ -477,6 +483,10 @@ def test_the_baselines_of_the_diagnoses_are_the_reference():
 
     gen = torch.Generator().manual_seed(0)
     for _, args, _ in lab06._narrow_cases(gen):
+        batch, _, heads, channels = args["value"].shape
+        expected = op.forward_fp64(args).view(batch, -1, heads, channels)
+        torch.testing.assert_close(lab06._flat_forward(args), expected, atol=1e-12, rtol=0)
+    for _, _, args in op.probes(gen, torch.float32):        # lab 06 names mistakes there too
         batch, _, heads, channels = args["value"].shape
         expected = op.forward_fp64(args).view(batch, -1, heads, channels)
         torch.testing.assert_close(lab06._flat_forward(args), expected, atol=1e-12, rtol=0)

@@ -215,12 +215,7 @@ def _judge_narrow(buffer, args, what):
     batch, total, heads, channels = value.shape
     queries = args["sampling_locations"].shape[1]
     n_out = batch * queries * heads * channels
-    tail = buffer[n_out:].detach().cpu().double()
-    if bool((tail != SENTINEL).any()):
-        raise AssertionError(
-            f"{what}: the kernel wrote {int((tail != SENTINEL).sum())} elements past the end of "
-            "out\nHint: the last block holds queries beyond Q (offs_q >= Q): mask the store "
-            "(and the loads) with mask_q = offs_q < Q")
+    _tail_written(buffer, args, what)
     got = buffer[:n_out].detach().cpu().double().view(batch, queries, heads, channels)
     expected = op.forward_fp64(args).view(batch, queries, heads, channels)
     message = _mismatch(got, expected, value.dtype, what)
@@ -252,23 +247,176 @@ def _judge_narrow(buffer, args, what):
                 "to find where it goes wrong"))
 
 
+def _tail_written(buffer, args, what):
+    """Raise when the kernel stored past the end of out (into the sentinel tail)."""
+    batch, _, heads, channels = args["value"].shape
+    n_out = batch * args["sampling_locations"].shape[1] * heads * channels
+    tail = buffer[n_out:].detach().cpu().double()
+    if bool((tail != SENTINEL).any()):
+        raise AssertionError(
+            f"{what}: the kernel wrote {int((tail != SENTINEL).sum())} elements past the end of "
+            "out\nHint: the last block holds queries beyond Q (offs_q >= Q): mask the store "
+            "(and the loads) with mask_q = offs_q < Q")
+
+
+PROBE_BLOCK_Q = 4                    # the probes' 5 queries: 2 blocks, 3 queries beyond Q
+
+
+def _probe_named(got, args):
+    """The text of the one NARROW_MISTAKES entry whose output equals ``got`` (B, Q, M, D) on
+    this probe; None when none does, or more than one (the probe does not tell them apart)."""
+    found = [text for text, mistake in NARROW_MISTAKES
+             if _mismatch(got, _flat_forward(args, **mistake), torch.float32) is None]
+    return found[0] if len(found) == 1 else None
+
+
+def _nan_hint(read_nan, args, term, shape):
+    """The hint for a probe whose output holds NaN the kernel computed: a read past an input
+    (the guards are NaN), located, with the corners of weight 0 that lie off the map there."""
+    b, q, m, _ = (int(i) for i in read_nan.view(shape).nonzero()[0])
+    corners = _outside_corners(args, b, q, m)
+    return (f"NaN at batch {b}, query {q}, head {m}: the kernel read past one of its input "
+            "tensors (the check surrounds them with NaN). "
+            + (f"Off the map there, with weight 0 on this probe: {'; '.join(corners[:3])}; a "
+               "corner off the map is read only without its mask. " if corners else "")
+            + "This probe is where your output first goes wrong, so look at what it adds: "
+            + term)
+
+
+def _named_everywhere(hint, cases, buffers):
+    """Whether the mistake that a probe's hint names (an entry of NARROW_MISTAKES, or of the
+    operator's catalogue ``diagnose.MISTAKES``) reproduces the kernel's output on the general
+    cases too: a probe has few inputs, and two mistakes can agree on it (at a pixel centre,
+    reading column x0 + 1 looks like giving dx to x0).  True for a hint that names no entry."""
+    from . import diagnose
+
+    narrow = dict(NARROW_MISTAKES).get(hint)
+    general = [conventions for text, conventions in diagnose.MISTAKES if text == hint]
+    if narrow is None and not general:
+        return True
+    for (_, args, _), buffer in zip(cases, buffers):
+        if isinstance(buffer, Raised):
+            return False
+        batch, _, heads, channels = args["value"].shape
+        queries = args["sampling_locations"].shape[1]
+        n_out = batch * queries * heads * channels
+        if bool((buffer[n_out:].detach().cpu() != SENTINEL).any()):
+            return False
+        got = buffer[:n_out].detach().cpu().double().view(batch, queries, heads, channels)
+        dtype = args["value"].dtype
+        if narrow is not None:
+            if _mismatch(got, _flat_forward(args, **narrow), dtype) is not None:
+                return False
+            continue
+        conventions = dict(general[0])
+        transform = conventions.pop("transform", None)
+        inputs = tuple(args.values())
+        try:
+            variant = diagnose.sample(*(transform(inputs) if transform else inputs),
+                                      **conventions).view(got.shape)
+        except (RuntimeError, IndexError, ValueError):
+            return False
+        known = ~torch.isnan(variant)
+        atol = op.TOLERANCE[dtype] * max(float(op.forward_fp64(args).abs().max()), 1e-6)
+        if float(known.double().mean()) < 0.5 or \
+                not bool((((got - variant).abs() <= atol) | ~known).all()):
+            return False
+    return True
+
+
+def _catalogued(hint):
+    """Whether ``hint`` is the text of a mistake of NARROW_MISTAKES or ``diagnose.MISTAKES``."""
+    from . import diagnose
+
+    return hint in dict(NARROW_MISTAKES) or hint in dict(diagnose.MISTAKES)
+
+
+def _locate_narrow(buffers, probe_list, label, confirm=lambda hint: True):
+    """Location by isolation (as lab 05's kernel check): the kernel's output on each probe of
+    :func:`_operator.probes` (one term switched on at a time), judged by ``diagnose.locate``.
+
+    Returns None when every probe is right.  Raises at the first wrong probe, except one whose
+    only fault is NaN where a corner of weight 0 lies off the map (a missing mask, which the
+    general cases name): that probe's message is returned, for the check to raise if the
+    general cases pass.  A row the kernel never stored holds the sentinel, which becomes NaN
+    for ``diagnose`` (its sign of an unwritten row); a NaN the kernel computed itself came from
+    a read past an input, and is said so instead.  ``confirm(hint)``: whether the mistake a
+    hint names reproduces the kernel's output beyond the probe (else the probe's term is
+    given instead of the name)."""
+    from . import diagnose
+
+    for (name, term, args), buffer in zip(probe_list, buffers):
+        what = f"{label}, probe: {name}"
+        if isinstance(buffer, Raised):
+            raise AssertionError(f"{what}: the launch raised {buffer}")
+        _tail_written(buffer, args, what)
+        batch, queries, heads, channels = (*args["sampling_locations"].shape[:3],
+                                           args["value"].shape[3])
+        shape = (batch, queries, heads, channels)
+        raw = buffer[:batch * queries * heads * channels].detach().cpu().double().view(shape)
+        unwritten = raw == SENTINEL
+        read_nan = torch.isnan(raw)
+        got = torch.where(unwritten, torch.full_like(raw, float("nan")), raw)
+        found = diagnose.locate([got.view(batch, queries, heads * channels)],
+                                [(name, term, args)], op.TOLERANCE[torch.float32])
+        if found is None:
+            continue
+        message, hint = found[1].split("\nHint: ", 1)
+        if bool(read_nan.any()):             # (diagnose would call these rows unwritten)
+            expected = op.forward_fp64(args).view(shape)
+            atol = op.TOLERANCE[torch.float32] * max(float(expected.abs().max()), 1e-6)
+            right = ((raw - expected).abs() <= atol) | read_nan
+            hint = _nan_hint(read_nan, args, term, shape)
+            rows = read_nan.any(-1).nonzero().tolist()
+            if bool(right.all()) and all(_outside_corners(args, *r) for r in rows):
+                return f"{label}, {message}\nHint: {hint}"
+        elif bool(unwritten.any()):
+            hint = hint.replace("they still hold the NaN the check filled the output with",
+                                f"they still hold {SENTINEL}, the value the check filled out "
+                                "with, shown as nan above")
+        else:
+            hint = _probe_named(raw, args) or hint
+            expected = op.forward_fp64(args)
+            atol = op.TOLERANCE[torch.float32] * max(float(expected.abs().max()), 1e-6)
+            if bool((raw.abs() <= atol).all()) and not _catalogued(hint):
+                # (diagnose's factor hint would call it "0 times the right one")
+                hint = ("your output is 0 everywhere on this probe, where the reference's is "
+                        "not: no sample added anything to what was stored, and no usual mistake "
+                        "reproduces that. This probe is where your output first goes wrong, so "
+                        f"look at what it adds: {term}")
+            elif not confirm(hint):
+                hint = (f"no usual mistake reproduces your output on every input of this check "
+                        "(one does on this probe alone). This probe is where your output first "
+                        f"goes wrong, so look at what it adds: {term}")
+        raise AssertionError(f"{label}, {message}\nHint: {hint}")
+    return None
+
+
 def check_narrow(msda_forward_narrow_kernel, seed=None):
     gen = fresh_generator(seed)
     seed = gen.initial_seed()
     cases = _narrow_cases(gen)
+    probe_list = op.probes(gen, torch.float32)
+    on_device = [{k: v.to(op.device()) for k, v in args.items()} for _, _, args in probe_list]
     with forbid_references(msda_forward_narrow_kernel, writes=(5,)):
+        probed = [attempt(_launch, msda_forward_narrow_kernel, args, PROBE_BLOCK_Q)
+                  for args in on_device]
         buffers = [attempt(_launch, msda_forward_narrow_kernel, args, block_q)
                    for _, args, block_q in cases]
     if not judging():
         return
+    deferred = _locate_narrow(probed, probe_list, f"narrow forward (seed {seed})",
+                              lambda hint: _named_everywhere(hint, cases, buffers))
     for (what, args, _), buffer in zip(cases, buffers):
         what = f"narrow forward, {what} (seed {seed})"
         if isinstance(buffer, Raised):
             raise AssertionError(f"{what}: the launch raised {buffer}")
         _judge_narrow(buffer, args, what)
-    show(f"msda_forward_narrow_kernel: {len(cases)} launches (seed {seed}), queries beyond Q "
-         "in the last block, locations outside the maps: output right, nothing read or "
-         "written past a tensor")
+    if deferred is not None:
+        raise AssertionError(deferred)
+    show(f"msda_forward_narrow_kernel (seed {seed}): {len(probe_list)} probes, one term at a "
+         f"time, then {len(cases)} launches with queries beyond Q in the last block and "
+         "locations outside the maps: output right, nothing read or written past a tensor")
 
 
 # ------------------------------------------------------------------ stage 4: the tuner
