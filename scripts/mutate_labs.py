@@ -6,6 +6,7 @@ Usage (one command regenerates every results file; a few minutes per lab on 2 co
     python scripts/mutate_labs.py                 # every lab, results/mutants/labNN.json
     python scripts/mutate_labs.py --labs lab05    # one lab
     python scripts/mutate_labs.py --list lab01    # print the mutants, run nothing
+    python scripts/mutate_labs.py --reclassify    # the recorded messages against LOCATING
 
 Mutants.  A small AST mutator works on the code between ``### BEGIN SOLUTION`` and ``### END
 SOLUTION`` of each answer cell (what a student writes): an arithmetic or comparison operator
@@ -95,6 +96,8 @@ LOCATING = [
     r"\bthe [\w ()*+-]{1,40} term\b", r"\bterm of\b",
     r"\bfirst (?:goes|went) wrong\b", r"\bignores the (?:point|level|head|batch|channel|query)\b",
     r"\bequals what [\w ,()]+ should give\b",
+    r"\bwhat this probe adds\b", r"\bthe term that goes wrong\b",
+    r"\bthe simplest sample is wrong\b",
 ]
 # a hint that says no mistake of the catalogue matches names none
 NOT_NAMING = [r"\bnone of the usual mistakes\b", r"\bno usual mistake\b"]
@@ -823,6 +826,24 @@ def provenance(argv, seed, equiv_seeds=2) -> dict:
             "interpreter": os.environ.get("TRITON_INTERPRET") == "1"}
 
 
+def reclassify(path: Path, argv) -> None:
+    """Classify the recorded first messages of a lab file's killed mutants again with today's
+    ``LOCATING`` (a pattern added since the run), and recompute its totals.  A message is
+    recorded cut at 1,500 characters, so a flag the run set on the whole message is kept: only
+    a pattern that matches the recorded text can add one.  The file's provenance gains the
+    command and date of the reclassification; the mutants' outcomes are the run's."""
+    data = json.loads(path.read_text())
+    for entry in data["mutants"]:
+        if entry.get("killed"):
+            entry["located"] = bool(entry.get("located")) or \
+                classify_message(entry["message"])["located"]
+    data["totals"] = totals(data["mutants"])
+    data["provenance"]["reclassified"] = {
+        "command": "python scripts/mutate_labs.py " + " ".join(argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def write_summary(out: Path) -> dict:
     labs = {}
     for path in sorted(out.glob("lab[0-9][0-9].json")):
@@ -877,7 +898,15 @@ def main(argv=None) -> int:
     parser.add_argument("--list", metavar="LAB")
     parser.add_argument("--summary-only", action="store_true",
                         help="rewrite summary.json and summary.md from the lab files")
+    parser.add_argument("--reclassify", action="store_true",
+                        help="classify the recorded messages again (LOCATING changed), "
+                             "then rewrite the summary; no mutant runs")
     args = parser.parse_args(argv)
+    if args.reclassify:
+        for path in sorted(args.out.glob("lab[0-9][0-9].json")):
+            reclassify(path, argv)
+        print(json.dumps(write_summary(args.out)["all"]))
+        return 0
     if args.summary_only:
         print(json.dumps(write_summary(args.out)["all"]))
         return 0

@@ -28,14 +28,14 @@ GOAL = {"wrongly_hinted": 0, "deaths": 0}
 # per lab: (mutants run, killed, located, named, wrongly hinted, notebook deaths), as recorded
 HELD = {
     "lab00": (24, 24, 0, 21, 0, 0),
-    "lab01": (30, 30, 0, 26, 0, 0),
-    "lab02": (30, 30, 2, 22, 0, 0),
+    "lab01": (30, 30, 1, 26, 0, 0),
+    "lab02": (30, 30, 5, 22, 0, 0),
     "lab03": (24, 23, 0, 23, 0, 0),
     "lab04": (24, 22, 0, 18, 0, 0),
-    "lab05": (20, 19, 2, 15, 0, 0),
-    "lab06": (10, 9, 2, 1, 0, 0),
-    "lab07": (24, 24, 0, 20, 0, 0),
-    "lab08": (12, 12, 0, 7, 0, 0),
+    "lab05": (20, 19, 5, 15, 0, 0),
+    "lab06": (10, 9, 6, 1, 0, 0),
+    "lab07": (24, 24, 3, 20, 0, 0),
+    "lab08": (12, 12, 2, 7, 0, 0),
     "lab09": (20, 19, 0, 18, 0, 0),
     "lab10": (12, 12, 0, 12, 0, 0),
 }
@@ -65,6 +65,17 @@ def test_results_file_is_complete(lab):
             assert entry["message"] and entry["check"], entry
         if entry.get("hint") == "wrong":
             assert entry["hinted_rows"], entry
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_recorded_messages_are_classified_with_todays_patterns(lab):
+    """A phrase added to LOCATING applies to the recorded results too (``--reclassify``)."""
+    import mutate_labs
+
+    for entry in _load(lab)["mutants"]:
+        if entry.get("killed") and mutate_labs.classify_message(entry["message"])["located"]:
+            assert entry["located"], (f"{entry['id']}: its message locates by today's "
+                                      "LOCATING; run python scripts/mutate_labs.py --reclassify")
 
 
 @pytest.mark.parametrize("lab", LABS)
