@@ -427,6 +427,16 @@ def check_bilinear(bilinear_kernel, bilinear_sample_triton, seed=None):
         image = torch.randn(height, width, channels, generator=gen)
         loc = torch.rand(n, 2, generator=gen) * 1.3 - 0.15
         cases.append((f"random points, a {height}x{width}x{channels} image", image, loc))
+    probed, outside = [], []    # one term at a time, to locate what no hint names
+    for name, term, image, loc in _bilinear_probes():
+        image, loc = _on_device(image, loc)
+        what = f"bilinear samples, probe: {name} ({tag})"
+        got, watched = _wrapper(bilinear_sample_triton, image, loc, what=what)
+        try:                    # the cases below name the corner of an access outside
+            watched.check(what, _bilinear_guard_hint(watched, image, loc, None))
+        except AssertionError as exc:
+            outside.append(exc)
+        probed.append((name, term, image, loc, got))
     for name, image, loc in cases:
         image, loc = _on_device(image, loc)
         height, width, channels = image.shape
@@ -447,12 +457,65 @@ def check_bilinear(bilinear_kernel, bilinear_sample_triton, seed=None):
             continue
         message = _mismatch(got, expected, what, ("point", "channel"), atol=1e-5, rtol=1e-5)
         if message is not None:
-            raise AssertionError(message + _bilinear_hint(got, expected, image, loc, watched))
+            hint = _bilinear_hint(got, expected, image, loc, watched) or \
+                _bilinear_location(probed)
+            raise AssertionError(message + hint)
+    if outside:
+        raise outside[0]
     if judging():
         from . import diagnose
         diagnose.passed(f"bilinear_kernel and bilinear_sample_triton: {len(cases)} images, "
-                        f"pixel centres, borders, outside and random points match lab 01's spec "
-                        f"({tag})")
+                        f"pixel centres, borders, outside and random points match lab 01's spec, "
+                        f"and so do {len(probed)} probes of one term each ({tag})")
+
+
+def _bilinear_probes():
+    """(name, term, image, locations) of the isolation probes, in order: each adds one term to
+    what the probes before it tested.  A 4 x 4 image (pixel coordinates exact in float32), its
+    values 1, 2, 3, ... so that every pixel and channel differs."""
+    height = width = 4
+    image = torch.arange(1, height * width * 2 + 1, dtype=torch.float32).reshape(height, width, 2)
+
+    def at(pixels):             # pixel coordinates (x_im, y_im) -> locations (x, y) in [0, 1]
+        return torch.tensor([[(x + 0.5) / width, (y + 0.5) / height] for x, y in pixels])
+
+    return [
+        ("every point on a pixel centre",
+         "the pixel coordinate and its corner: at a pixel centre x_im = x * W - 0.5 and y_im are "
+         "whole numbers, so dx = dy = 0, corner (y0, x0) = (y_im, x_im) weighs 1 and the other "
+         "three 0, and the sample is that pixel's D values at (r * W + c) * D + d, its mask true "
+         "(the corner is on the map); and each point's own index: its location at loc[2n], "
+         "loc[2n + 1] and its output row n * D + d",
+         image, at([(0, 0), (3, 2), (1, 1), (2, 0), (0, 3)])),
+        ("every point between four pixel centres, all four corners on the map",
+         "the three other corners (the pixel centres were right): the weights (1 - dy)(1 - dx), "
+         "(1 - dy) dx, dy (1 - dx), dy dx of (y0, x0), (y0, x1), (y1, x0), (y1, x1), those "
+         "corners' rows and columns, and their masks (true here: every corner is on the map)",
+         image, at([(0.25, 0.5), (1.5, 2.75), (2.25, 1.5), (0.75, 0.25), (2.5, 2.5)])),
+        ("points near and outside the borders",
+         "corners off the map (the points with all corners on it were right): a corner with "
+         "r < 0, r >= H, c < 0 or c >= W is masked in its load with other=0.0 (zero padding), "
+         "while the corners of the same point that are on the map still count",
+         image, at([(-0.5, -0.5), (3.5, 1.0), (1.0, 3.25), (-1.25, 2.0), (4.5, 4.5)])),
+    ]
+
+
+def _bilinear_location(probed):
+    """Where no usual mistake is named: the first probe whose samples are wrong, and the term it
+    adds to the probes before it (which were right); '' when every probe is right."""
+    for name, term, image, loc, got in probed:
+        expected = _expected_bilinear(image, loc)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(expected.shape):
+            return (f"\nHint: on the probe '{name}' the result is not an (N, D) tensor: the "
+                    "output is (N, D) float32, one row of D channels per point")
+        bad = ~torch.isclose(got.detach().cpu().float(), expected, atol=1e-5, rtol=1e-5).all(-1)
+        if bool(bad.any()):
+            points = ", ".join(str(int(i)) for i in bad.nonzero().flatten())
+            earlier = " (the probes before it were right)" if name != probed[0][0] else ""
+            return (f"\nHint: no usual mistake reproduces your output. The probe '{name}' is "
+                    f"the first that goes wrong{earlier}, at points {points} of "
+                    f"{len(bad)}: look at what this probe adds: {term}")
+    return ""
 
 
 def _expected_bilinear(image, loc):
