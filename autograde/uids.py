@@ -33,12 +33,16 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 
 __all__ = ["UidLease", "acquire", "pool_directory", "scrub", "new_session_keyring",
            "processes_of", "owns_keys"]
 
 ROOT_POOL = "/run/autograde-uids"
 SCRUBBED_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp")
+# how long a kernel waits for a uid when the whole pool is in use (the previous kernel's scrub
+# takes a moment; other grading commands on the host hold theirs for a kernel's life)
+ACQUIRE_WAIT_S = 120.0
 
 # keyctl(2) numbers
 _SYSCALLS = {"x86_64": {"keyctl": 250}, "aarch64": {"keyctl": 219}, "arm64": {"keyctl": 219}}
@@ -75,31 +79,37 @@ class UidLease:
         return f"UidLease(uid={self.uid}, held={self.held})"
 
 
-def acquire(base, count, directory, prefer=0, scrub_first=True):
+def acquire(base, count, directory, prefer=0, scrub_first=True, wait_s=ACQUIRE_WAIT_S):
     """Lock the first free uid of ``base .. base + count - 1``, trying from ``base + prefer``
-    (so that parallel workers rarely knock on the same lock first).  Raises RuntimeError when
-    all ``count`` uids are in use."""
+    (so that parallel workers rarely knock on the same lock first).  When every uid is in use
+    (other kernels, or the scrub of one that just ended), try again until ``wait_s`` seconds
+    have passed, then raise RuntimeError."""
     count = max(1, int(count))
     start = int(prefer) % count
-    for step in range(count):
-        uid = base + (start + step) % count
-        path = os.path.join(directory, f"uid-{uid}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                continue
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        lease = UidLease(uid, fd, path)
-        if scrub_first:
-            scrub(uid)
-        return lease
-    raise RuntimeError(f"all {count} kernel uids from {base} are in use on this host "
-                       f"(AutogradeSettings.kernel_uid_count); see {directory}")
+    deadline = time.monotonic() + wait_s
+    while True:
+        for step in range(count):
+            uid = base + (start + step) % count
+            path = os.path.join(directory, f"uid-{uid}.lock")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    continue
+                raise
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            lease = UidLease(uid, fd, path)
+            if scrub_first:
+                scrub(uid)
+            return lease
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"all {count} kernel uids from {base} are in use on this host "
+                               f"(AutogradeSettings.kernel_uid_count), still after {wait_s:g} "
+                               f"s; see {directory}")
+        time.sleep(0.1)
 
 
 def _keyctl_number():

@@ -351,13 +351,20 @@ def test_copies_are_listed_for_review_and_honest_answers_are_not(two_commands):
 
 
 # ------------------------------------------------------------------ one uid, one after another
+ONE_UID = 70123          # beyond every pool the tests use (64123.., 64400..65651 for the hubs)
+
+
 def test_keys_and_files_of_one_submission_do_not_reach_the_next(released, tmp_path):
     _sandbox_or_skip()
     _, b = released
+    # a pool of one uid of this test's own (outside the default pool and the other tests'):
+    # the second kernel waits for the first's scrub and takes the same uid, whatever other
+    # grading holds on the host
     course = _course(released, tmp_path / "course", {
         "k1_leaves_traces": _with_lerp_prefix(b, LEAVE_TRACES),
         "k2_looks_for_them": _with_lerp_prefix(b, LOOK_FOR_TRACES),
-    })
+    }, config=f"c.AutogradeSettings.kernel_uid = {ONE_UID}\n"
+              "c.AutogradeSettings.kernel_uid_count = 1")
     _run([VENV_BIN / "python", "-m", "autograde", "grade", ASSIGNMENT, "--workers", "1",
           "--no-progress"], cwd=course)
     planted = _cell_text(course, "k1_leaves_traces", "lerp_solution")
