@@ -252,7 +252,7 @@ def gpu_note(name: str, command: str) -> Markdown:
                  f"{provenance_line(later)} by `{later.get('command', '?')}`"
                  + (f", from other code ({code_that_ran(later)}; the rest ran "
                     f"{code_that_ran(prov)})" if other_code else "")
-                 + ": a table marks their rows *filled in*.")
+                 + "; where a table shows them, their rows are marked *filled in*.")
     return Markdown(text + " Everything else on this page runs without a GPU.")
 
 
