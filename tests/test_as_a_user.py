@@ -39,11 +39,6 @@ SANDBOX_REASON = "the grading sandbox switches the kernel to another uid, which 
                  "(to run this test: sudo make test)"
 
 
-def _blocked_ancestors(path: Path) -> list[Path]:
-    """Folders above ``path`` that an account outside their owner and group cannot enter."""
-    return [folder for folder in reversed(path.parents) if not os.stat(folder).st_mode & 0o001]
-
-
 @contextmanager
 def _traversal(account):
     """Let ``account`` enter (not list) the folders above the course's Python and checkout that
@@ -51,8 +46,11 @@ def _traversal(account):
     POSIX ACL entry ``u:ACCOUNT:--x`` each, taken away afterwards.  CI's interpreter is a pyenv
     build under root's 0700 home, so without this the test could only skip there.  Yields the
     folders it opened; a folder that has an entry for the account already is left as it is."""
+    from hub_helpers import hub_module
+
+    blocked_ancestors = hub_module()._blocked_ancestors      # the hub's own rule
     paths = (Path(sys.executable).parent, Path(os.path.realpath(sys.executable)).parent, REPO)
-    folders = sorted({str(f) for p in paths for f in _blocked_ancestors(p)})
+    folders = sorted({str(f) for p in paths for f in blocked_ancestors(p)})
     if folders and shutil.which("setfacl") is None:
         pytest.skip(f"the course's Python lies under {folders[0]}, which {account.pw_name} "
                     "cannot enter, and setfacl is missing to let it in (apt-get install acl)")
