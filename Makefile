@@ -31,7 +31,7 @@ APT_LOCK_WAIT ?= 300
 # (the markers are set in tests/conftest.py and listed in pyproject.toml).
 FAST_TESTS := not slow and not gpu and not book and not browser and not grading
 
-.PHONY: setup system-packages book test test-fast lab lab-instructor clean hub hub-stop \
+.PHONY: setup system-packages book test test-fast lint lab lab-instructor clean hub hub-stop \
         gpu-check gpu-wheels
 
 $(STAMP): requirements.txt pyproject.toml scripts/ipython_kernel_config.py
@@ -92,6 +92,10 @@ test: $(STAMP) system-packages
 # The unit tests only (FAST_TESTS above); needs no system package.
 test-fast: $(STAMP)
 	$(RUN) $(BIN)/python -m pytest -m "$(FAST_TESTS)" -q -n 2 --dist loadscope
+
+# The linter alone (the rules are pyproject.toml's [tool.ruff]; tests/test_lint.py runs it too).
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # JupyterLab on the course, from the course's environment (root needs --allow-root), serving
 # the repository root: nbgrader's extensions need the course directory inside the server's root.

@@ -100,7 +100,7 @@ def install_in_kernel(seed: str | None = None) -> None:
         return
     _mode, _base_seed = "record", seed
     try:
-        ip = get_ipython()  # noqa: F821  (IPython builtin)
+        ip = get_ipython()
     except NameError:
         ip = None
     if ip is not None:
@@ -184,7 +184,7 @@ def _record_session(functions, module, writes=(), share_inputs=False):
     for slot, fn in enumerate(functions):
         try:
             undo.append(_install(fn, sid, slot))
-        except Exception:                           # not recordable: the replay will say so
+        except Exception:  # noqa: BLE001  (not recordable: the replay will say so)
             _events.append({"e": "unrecordable", "s": sid, "slot": slot})
     if not _sessions:
         undo.append(_count_launches())
@@ -203,7 +203,7 @@ class _SessionGuard:
         for restore in reversed(self.undo):
             try:
                 restore()
-            except Exception:
+            except Exception:  # noqa: BLE001  (undo what can be undone)
                 pass
         if self.sid in _sessions:
             _sessions.remove(self.sid)
@@ -227,7 +227,7 @@ def _trampoline(n_freevars: int, key: int) -> types.CodeType:
     lines += [f"        return {_HOOK}({key}, _autograde_args, _autograde_kwargs)",
               "    return _t"]
     namespace = {}
-    exec("\n".join(lines), namespace)
+    exec("\n".join(lines), namespace)  # noqa: S102  (our own text: the recording hook)
     return namespace["_outer"]().__code__
 
 
@@ -473,7 +473,7 @@ def _recorded_call(key, args, kwargs):
     wrote = []
     try:
         result = original(*args, **kwargs)
-    except Exception as exc:                      # noqa: BLE001  (recorded, then re-raised)
+    except Exception as exc:
         note["exc"] = {"type": type(exc).__name__,
                        "mro": [c.__name__ for c in type(exc).__mro__][:12],
                        "msg": str(exc)[:2000]}

@@ -103,7 +103,7 @@ def measure(name, build, students, workers):
         cmd = [BIN / "python", "-m", "autograde", "grade", assignment, "--no-progress"]
         if workers:
             cmd += ["--workers", str(workers)]
-        proc = _run(cmd + ["--json", base / "summary.json"], twin)
+        _run(cmd + ["--json", base / "summary.json"], twin)
         parallel = time.monotonic() - started
         summary = json.loads((base / "summary.json").read_text())
         seq_scores, par_scores = _scores(course, assignment), _scores(twin, assignment)

@@ -24,12 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import torch  # noqa: E402
+import torch
 
-import source_kernels  # noqa: E402
-from source_kernels import op  # noqa: E402
-from source_kernels.bench import _Identity  # noqa: E402
-from source_kernels.inputs import make_inputs  # noqa: E402
+import source_kernels
+from source_kernels import op
+from source_kernels.bench import _Identity
+from source_kernels.inputs import make_inputs
 
 ARG_NAMES = ("value", "value_spatial_shapes", "value_level_start_index", "sampling_locations",
              "attention_weights")

@@ -153,7 +153,7 @@ def _offsets(source):
 
 def _solution_lines(source):
     """Line numbers (1-based) strictly between the solution markers."""
-    lines, inside, found = set(), False, set()
+    inside, found = False, set()
     for number, line in enumerate(source.splitlines(), 1):
         if BEGIN_SOLUTION in line:
             inside = True

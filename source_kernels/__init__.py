@@ -13,12 +13,12 @@ import torch as _torch
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from .reference import msda_grid_sample, msda_naive  # noqa: E402
-from .op import (  # noqa: E402
+from .reference import msda_grid_sample, msda_naive
+from .op import (
     MultiScaleDeformableAttnFunction,
     multi_scale_deformable_attn,
 )
-from .validate import validate_inputs  # noqa: E402
+from .validate import validate_inputs
 
 __all__ = ["MultiScaleDeformableAttnFunction", "multi_scale_deformable_attn", "msda_naive",
            "msda_grid_sample", "validate_inputs"]

@@ -93,7 +93,7 @@ def copy_bandwidth(nbytes=4 * 2 ** 30) -> float:
     import triton.testing
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")  # noqa: F821  (a false alarm: the lambda runs before the del)
     del src, dst
     return nbytes / (ms * 1e-3)
 
@@ -477,11 +477,11 @@ def sweep(progress, presets=("decoder", "encoder"), distributions=("uniform",),
                         return results
                     if direction == "forward":
                         def call(kernel=kernel, block_q=block_q, warps=warps):
-                            return msda_forward(*pos, kernel=kernel, block_q=block_q,
+                            return msda_forward(*pos, kernel=kernel, block_q=block_q,  # noqa: F821  (a false alarm: the closure runs before the del)
                                                 num_warps=warps)
                     else:
                         def call(kernel=kernel, block_q=block_q, warps=warps):
-                            return msda_backward(grad, *pos, kernel=kernel,
+                            return msda_backward(grad, *pos, kernel=kernel,  # noqa: F821  (a false alarm: the closure runs before the del)
                                                  block_q=block_q, num_warps=warps)
                     row = {"kernel": direction, "variant": kernel, "preset": preset,
                            "distribution": distribution, "dtype": dtype_name,
@@ -772,7 +772,7 @@ def main(argv=None) -> int:
             break
         try:
             rows += measure(preset, distribution, dtype_name, impl, bandwidth, progress)
-        except Exception as error:          # record and go on
+        except Exception as error:  # noqa: BLE001  (record and go on)
             progress(f"    FAILED: {type(error).__name__}: {error}")
             rows.append({"preset": preset, "distribution": distribution,
                          "dtype": dtype_name, "impl": impl,

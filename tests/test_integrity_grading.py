@@ -27,8 +27,8 @@ import nbformat
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import require_grading_sandbox  # noqa: E402
-from nbgrader_helpers import run_checked, synthetic_class_generator  # noqa: E402
+from conftest import require_grading_sandbox
+from nbgrader_helpers import run_checked, synthetic_class_generator
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "course"

@@ -9,13 +9,13 @@ import matplotlib
 import pytest
 
 matplotlib.use("agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book"))
-import _figures  # noqa: E402
-import _kernel_figures as kf  # noqa: E402
+import _figures
+import _kernel_figures as kf
 
-from source_kernels.inputs import level_start_index, make_inputs, pyramid_shapes  # noqa: E402
+from source_kernels.inputs import level_start_index, make_inputs, pyramid_shapes
 
 
 @pytest.fixture(autouse=True)

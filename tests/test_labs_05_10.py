@@ -35,7 +35,7 @@ import torch
 import source_kernels  # noqa: F401  (the interpreter switch, before any chip is imported)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nbgrader_helpers import (BEGIN_HIDDEN, END_HIDDEN, BEGIN_SOLUTION, END_SOLUTION,  # noqa: E402
+from nbgrader_helpers import (BEGIN_HIDDEN, END_HIDDEN, BEGIN_SOLUTION, END_SOLUTION,
                               autograded_path, cell_errors, generate_release, graded_test_cells,
                               leaked_lines, make_course, nbgrader_meta, run_nbgrader,
                               source_notebook, stderr_cells, submit)

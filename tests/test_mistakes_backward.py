@@ -21,8 +21,8 @@ import pytest
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lab_cells  # noqa: E402  (the runner shared with the other mistake tables)
-from nbgrader_helpers import nbgrader_meta, source_notebook  # noqa: E402
+import lab_cells
+from nbgrader_helpers import nbgrader_meta, source_notebook
 
 LAB07, LAB08 = "lab07_the_other_direction", "lab08_concurrent_writes"
 # ungraded cells that only draw, time or demonstrate: not needed to check anything

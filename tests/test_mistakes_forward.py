@@ -22,7 +22,7 @@ import pytest
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lab_cells  # noqa: E402  (the runner shared with the other mistake tables)
+import lab_cells
 
 L01, L02, L04, L05 = ("lab01_the_spec", "lab02_tensors_are_pointers", "lab04_hello_triton",
                       "lab05_forward_correct")

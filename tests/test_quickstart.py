@@ -33,7 +33,7 @@ MAKE = shutil.which("make")
 PAGES = [REPO / "book" / name for name in ("labs.md", "instructors.md", "operator.md",
                                            "measurements.md")]
 
-import quickstart  # scripts/, on pytest's pythonpath (pyproject.toml)
+import quickstart  # noqa: E402  (scripts/, on pytest's pythonpath: pyproject.toml)
 
 needs_make = pytest.mark.skipif(MAKE is None, reason="needs make (sudo apt-get install make)")
 

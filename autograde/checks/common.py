@@ -277,7 +277,7 @@ def _code_raiser(name: str, rule: str | None = None) -> types.CodeType:
     (a builtin, so it resolves from whichever module's globals the function carries)."""
     message = _message(name, rule)
     namespace = {}
-    exec(f"def _f(*args, **kwargs):\n    raise AssertionError({message!r})\n", namespace)
+    exec(f"def _f(*args, **kwargs):\n    raise AssertionError({message!r})\n", namespace)  # noqa: S102  (our own text)
     return namespace["_f"].__code__
 
 
@@ -440,7 +440,7 @@ def attempt_expecting(errors, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except AssertionError:
         raise
-    except Exception as exc:                      # noqa: BLE001  (judged later, by the check)
+    except Exception as exc:
         if recording.recording() and (not isinstance(exc, errors)
                                       or isinstance(exc, NotImplementedError)):
             raise                                 # (an unwritten stage fails in the kernel)

@@ -442,8 +442,6 @@ class _Hooks:
         return cast
 
     def _int_op(self, original, op, name):
-        hooks = self
-
         def int_op(lhs, rhs):
             import numpy as np
             out = original(lhs, rhs)

@@ -20,7 +20,7 @@ import torch
 
 from source_kernels.inputs import make_inputs
 
-from .common import Raised, attempt, expect, forbid_references, fresh_generator, judging
+from .common import Raised, attempt, forbid_references, fresh_generator, judging
 from .demo import NAME_ERROR, is_output, raised as _raised  # noqa: F401  (is_output: demos)
 from .guard import guarded  # noqa: F401  (the notebook's demo cells: check.guarded(...))
 

@@ -39,7 +39,7 @@ from autograde import recording
 from . import _operator as op
 from . import guard
 from .guard import guarded  # noqa: F401  (the notebook's demo cells: check.guarded(...))
-from .common import count_kernel_launches, expect, forbid_references, fresh_generator, judging
+from .common import count_kernel_launches, forbid_references, fresh_generator, judging
 
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
 
@@ -762,7 +762,6 @@ def check_forward_int64(msda_forward_kernel, seed=None):
     kernel whose index wraps around in int32 writes into rows of ``out`` that no program owns
     instead, and the check sees it there.  Interpreter only: compiled, the same launch would
     touch memory far past the tensors."""
-    import triton
 
     gen = fresh_generator(seed)
     tag = _tag(gen, seed)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _provenance import REPO, gpu_slug, provenance, require_gpu  # noqa: E402
+from _provenance import REPO, gpu_slug, provenance, require_gpu
 
 PARTS = ("tests", "labs", "lab10", "grading", "bench")
 SITE = Path("/tmp/site")
@@ -117,7 +117,7 @@ def _execute_lab(path: Path, timeout_s: float) -> dict:
     problem = None
     try:
         client.execute()
-    except Exception as error:                      # a kernel that died, a cell past its time
+    except Exception as error:  # noqa: BLE001  (a kernel that died, a cell past its time)
         problem = f"{type(error).__name__}: {str(error).strip().splitlines()[-1][:300] if str(error).strip() else ''}"
     errors = []
     for cell in nb.cells:
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
             part = futures[future]
             try:
                 results[part] = future.result()
-            except Exception as error:  # a part that broke is a failed part, with its reason
+            except Exception as error:  # noqa: BLE001  (a part that broke fails, with its reason)
                 results[part] = {"ok": False, "line": f"broke: {type(error).__name__}: {error}"}
             print(f"gpu-check {part}: {'PASS' if results[part]['ok'] else 'FAIL'} "
                   f"{results[part]['line']}", flush=True)

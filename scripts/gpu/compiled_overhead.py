@@ -56,7 +56,6 @@ def stand_in(value, spatial_shapes, level_start_index, sampling_locations, atten
 
 
 def inputs(dtype, device, smoke):
-    import torch
 
     from source_kernels.inputs import make_inputs, preset_inputs
     if smoke:

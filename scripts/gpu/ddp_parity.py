@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _provenance import gpu_slug, portable_command, provenance, repo_on_path  # noqa: E402
+from _provenance import gpu_slug, portable_command, provenance, repo_on_path
 
 TOLERANCE = {"fp32": 1e-4, "bf16-autocast": 2e-2}
 FULL = dict(d_model=256, heads=8, points=4, layers=6, d_ffn=1024, per_rank_batch=2,
@@ -112,7 +112,6 @@ def main(argv=None):
 
 
 def run(args, cfg, device, rank, world):
-    import torch
     import torch.distributed as dist
 
     result = {"world_size": world, "config": cfg, "steps": args.steps,

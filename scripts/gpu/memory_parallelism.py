@@ -156,7 +156,7 @@ def main(argv=None) -> int:
             for n in (steps, 2 * steps):
                 if not in_l2:
                     flush.zero_()
-                timed.append(event_ms(lambda: chase_kernel[(1,)](chain, start, out, n,
+                timed.append(event_ms(lambda: chase_kernel[(1,)](chain, start, out, n,  # noqa: F821  (a false alarm: the lambda runs before the del)
                                                                 num_warps=1)))
             per_load.append((timed[1] - timed[0]) / steps * 1e6)
         payload["latency"]["rows"].append({"level": where, "buffer_bytes": size,

@@ -201,10 +201,10 @@ def step_time(quick):
             def one_step():
                 with torch.autocast(DEVICE.type, dtype=torch.bfloat16,
                                     enabled=precision != "fp32"):
-                    loss = F.mse_loss(head(encoder(src, shapes, starts)).float(), target)
-                optimiser.zero_grad(set_to_none=True)
+                    loss = F.mse_loss(head(encoder(src, shapes, starts)).float(), target)  # noqa: F821  (a false alarm: the closure runs before the del)
+                optimiser.zero_grad(set_to_none=True)  # noqa: F821
                 loss.backward()
-                optimiser.step()
+                optimiser.step()  # noqa: F821
                 return loss
 
             try:
