@@ -1,6 +1,9 @@
 # The README's quick start:  `make book`  (build the book to read),  `make test-fast`  (the
 # unit tests, a few minutes)  and  `make test`  (the whole suite, what CI runs).  Each creates
-# .venv (if needed) from requirements.txt first.  `make lab` starts JupyterLab.
+# .venv (if needed) first: torch at requirements.txt's pin, then everything else at the exact
+# versions and hashes of requirements.lock, then the course itself.  `make lab` starts
+# JupyterLab; `make lock` remakes requirements.lock after a change to requirements.txt or to
+# pyproject.toml's dependencies.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -11,7 +14,11 @@ RUN    := PATH="$(abspath $(BIN)):$$PATH"
 # GPU:  make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # (PyPI's torch is the CUDA build, which brings about 2.7 GB of nvidia-* packages). Only the
 # torch wheel comes from that index, at the version requirements.txt pins; everything else,
-# torch's own dependencies included, comes from the usual index.
+# torch's own dependencies included, comes from the usual index through requirements.lock.
+# torch is the one package installed by version alone: its CPU and CUDA builds share a version
+# but not a file, so no hash in the lock could fit both (scripts/lock.py leaves it out, with
+# the nvidia-* and cuda-* packages that only the CUDA build brings; without TORCH_INDEX, pip
+# installs those with PyPI's torch).
 TORCH_INDEX ?=
 TORCH_PIN    = $(shell sed -n 's/^\(torch==[^ ]*\).*/\1/p' requirements.txt)
 # setuptools announces every editable install with a multi-line notice ("Editable installation
@@ -32,23 +39,36 @@ APT_LOCK_WAIT ?= 300
 FAST_TESTS := not slow and not gpu and not book and not browser and not grading
 
 .PHONY: setup system-packages book test test-fast lint lab lab-instructor clean hub hub-stop \
-        gpu-check gpu-wheels
+        gpu-check gpu-wheels lock
 
-$(STAMP): requirements.txt pyproject.toml scripts/ipython_kernel_config.py
+# The environment: torch, then requirements.lock (pip refuses any file whose hash the lock does
+# not list, and any package the lock does not pin), then the course itself (editable, its
+# dependencies already there), then `pip check` (every installed package's requirements met).
+$(STAMP): requirements.lock requirements.txt pyproject.toml scripts/ipython_kernel_config.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
 	@echo "make: installing the course's Python packages into $(VENV); README.md says how much" \
 	      "it downloads and how long it takes"
 ifneq ($(TORCH_INDEX),)
 	$(BIN)/pip install --progress-bar on --no-deps --index-url $(TORCH_INDEX) "$(TORCH_PIN)"
+else
+	$(BIN)/pip install --progress-bar on "$(TORCH_PIN)"
 endif
-	$(BIN)/pip install --progress-bar on -r requirements.txt
-	$(QUIET_EDITABLE) $(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --progress-bar on --require-hashes -r requirements.lock
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/pip check
 	mkdir -p $(VENV)/etc/ipython
 	cp scripts/ipython_kernel_config.py $(VENV)/etc/ipython/ipython_kernel_config.py
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# requirements.lock from requirements.txt and pyproject.toml (scripts/lock.py says what it
+# leaves out and why); needs uv (pip install uv, or make lock UV=/path/to/uv).  Commit the two
+# together: tests/test_packaging.py checks that they agree.
+UV ?= uv
+lock:
+	$(PYTHON) scripts/lock.py --uv $(UV)
 
 # Debian/Ubuntu packages, one at a time so that one unavailable package does not stop the
 # others; apt-get waits for the package manager's lock, and what is there afterwards is what

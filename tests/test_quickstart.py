@@ -11,8 +11,9 @@
   without root or apt-get it says what to install, and the tests that need the package skip
   with a reason naming the command (conftest.require_system_package); as root it waits for
   apt-get's lock and reports what is installed afterwards.
-- ``make setup TORCH_INDEX=...`` takes torch (only) from that index, and a CPU build of torch
-  satisfies requirements.txt; ``make test-fast`` deselects the end-to-end markers.
+- ``make setup TORCH_INDEX=...`` takes torch (only) from that index, before requirements.lock,
+  and a CPU build of torch satisfies requirements.txt; ``make test-fast`` deselects the
+  end-to-end markers.
 """
 from __future__ import annotations
 
@@ -250,7 +251,8 @@ def test_make_system_packages_never_fails(tmp_path, uid, apt_get):
 @needs_make
 def test_setup_takes_torch_from_the_index_it_is_given():
     """``make setup TORCH_INDEX=...`` (README, CPU-only machines): torch alone, at the pinned
-    version, from that index, before requirements.txt; without it, no other index."""
+    version, from that index, before requirements.lock (which holds no torch); without it,
+    torch at the same pin from the usual index, and no other index."""
     index = "https://download.pytorch.org/whl/cpu"
     pin = re.search(r"^torch==\S+", (REPO / "requirements.txt").read_text(), re.M).group(0)
 
@@ -263,24 +265,33 @@ def test_setup_takes_torch_from_the_index_it_is_given():
     lines = recipe(f"TORCH_INDEX={index}")
     torch_line = next(i for i, line in enumerate(lines) if f"--index-url {index}" in line)
     assert f'"{pin}"' in lines[torch_line] and "--no-deps" in lines[torch_line], lines
-    requirements = next(i for i, line in enumerate(lines) if "-r requirements.txt" in line)
+    requirements = next(i for i, line in enumerate(lines) if "-r requirements.lock" in line)
     assert torch_line < requirements, lines
     assert "--progress-bar on" in lines[requirements] and "--quiet" not in lines[requirements]
-    assert not any("--index-url" in line for line in recipe()), recipe()
+    plain = recipe()
+    assert not any("--index-url" in line for line in plain), plain
+    plain_torch = next(i for i, line in enumerate(plain) if f'"{pin}"' in line)
+    assert plain_torch < next(i for i, line in enumerate(plain) if "-r requirements.lock" in line)
     assert 'PYTHONWARNINGS="ignore:Editable installation"' in \
         next(line for line in lines if "-e ." in line), lines
 
 
-def test_a_cpu_torch_satisfies_requirements_txt():
+def test_a_cpu_torch_satisfies_requirements_txt(tmp_path):
     """With PyTorch's CPU build installed (as ``make setup TORCH_INDEX=...`` installs it),
     ``pip install -r requirements.txt`` has nothing left to install: the pin accepts the
-    ``+cpu`` build, so the CUDA build is never pulled in after it."""
+    ``+cpu`` build, so the CUDA build is never pulled in after it.  The course's own line
+    (``-e .[course]``, always reinstalled) is left out of the check; its extras' packages are
+    the other lines' and pyproject.toml's, which the environment holds."""
     import torch
 
     if "+cpu" not in torch.__version__:
         pytest.skip(f"this environment's torch is {torch.__version__}, not PyTorch's CPU build")
+    lines = (REPO / "requirements.txt").read_text().splitlines()
+    assert "-e .[course]" in lines
+    pins = tmp_path / "requirements-pins.txt"
+    pins.write_text("\n".join(line for line in lines if not line.startswith("-e")) + "\n")
     result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index",
-                             "--quiet", "--report", "-", "-r", str(REPO / "requirements.txt")],
+                             "--quiet", "--report", "-", "-r", str(pins)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = __import__("json").loads(result.stdout)
