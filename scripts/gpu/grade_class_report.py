@@ -1,4 +1,4 @@
-"""The JSON record of scripts/gpu/grade_class.sh: provenance, every student's score, status and
+"""The JSON record of the grading part of scripts/gpu/run.py: provenance, every student's score, status and
 reasons from the parallel run, the comparison with scripts/gpu/grade_class_expected.py, the
 sequential run beside it, the feedback and the export.
 
@@ -21,12 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from grade_class_expected import compare
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 ASSIGNMENT = "labfx"
-sys.path.insert(0, str(HERE))
-
-from grade_class_expected import compare  # noqa: E402
 
 
 def _run(cmd, timeout=30):
