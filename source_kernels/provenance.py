@@ -10,8 +10,9 @@ kind of file must have).  The same keys everywhere:
 
 plus ``commit_from`` and ``host_git_head`` where the caller named the commit
 (``COURSE_COMMIT``, for a host whose copy of the repository has no git folder or an older
-one).  In a dry run (a code path checked on the CPU, never a result) ``gpu`` says so and the
-GPU's own fields are None.
+one).  In a dry run (a code path checked on the CPU, never a result) ``gpu`` says so; on a
+machine without a GPU (a grading run on the CPU) it says that; the GPU's own fields are then
+None.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ KEYS = ("gpu", "compute_capability", "gpu_memory_bytes", "sm_count", "driver", "
         "torch", "triton", "python", "date", "command", "repository_commit",
         "uncommitted_changes_to_tracked_files")
 DRY_GPU = "none (dry run on the CPU: a code-path check, not a result)"
+NO_GPU = "none (this machine has no CUDA GPU)"
 
 
 def _output(command) -> str | None:
@@ -50,8 +52,10 @@ def provenance(command: str, dry: bool = False) -> dict:
     import triton
 
     block = dict.fromkeys(KEYS)
-    if dry or not torch.cuda.is_available():
+    if dry:
         block["gpu"] = DRY_GPU
+    elif not torch.cuda.is_available():
+        block["gpu"] = NO_GPU
     else:
         device = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(device)

@@ -9,12 +9,10 @@ WORK is the run's folder (par/ and seq/ course copies, logs/, steps.tsv, setting
 from __future__ import annotations
 
 import csv
-import datetime
 import glob
 import importlib.metadata
 import json
 import os
-import platform
 import re
 import socket
 import subprocess
@@ -22,6 +20,7 @@ import sys
 from pathlib import Path
 
 from grade_class_expected import compare
+from source_kernels.provenance import provenance
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -217,8 +216,6 @@ def main(argv=None):
     smi = smi if code == 0 else ""
     gpu_rows = [line for line in (smi or "").splitlines() if line and "," in line]
     _, sandbox_check = _run([sys.executable, "-m", "autograde.sandbox", "check"])
-    code, commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
-    commit = commit if code == 0 else None
     canary_file = work / "canary.txt"
     canary = [c for c in canary_file.read_text().splitlines() if c] if canary_file.exists() \
         else None
@@ -251,15 +248,13 @@ def main(argv=None):
                                   and s["step"] != "sequential"],
     }
     record = {
+        # the course's provenance block, then what a grading run adds to it
         "provenance": {
-            "gpu": [r.split(",")[0].strip() for r in gpu_rows] or None,
-            "driver": gpu_rows[0].split(",")[1].strip() if gpu_rows else None,
+            **provenance(settings["command"]),
+            "gpus": [r.split(",")[0].strip() for r in gpu_rows] or None,
             "host": socket.gethostname(), "cores": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(), "python_executable": sys.executable,
-            "torch": _version("torch"), "triton": _version("triton"),
+            "python_executable": sys.executable,
             "nbgrader": _version("nbgrader"), "ipykernel": _version("ipykernel"),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": settings["command"],
             "settings": {k: settings[k] for k in ("grading_env", "sandbox", "sequential",
                                                    "workers", "budget_s")},
             "wheels_installed": settings.get("wheels_installed"),
@@ -269,7 +264,6 @@ def main(argv=None):
             "kernel_probe": probe or None,
             "grading_environment_used": used,
             "grading_environment_lines": _environment_lines(par),
-            "repository_commit": commit,
         },
         "all_as_expected": bool(comparison["all_as_expected"] and
                                 (seq_comparison is None or seq_comparison["all_as_expected"])),
