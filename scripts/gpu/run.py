@@ -122,6 +122,7 @@ class Runner:
     def __init__(self, budget_s: float, state: Path = STATE, test_workers: int = 8):
         self.started = time.monotonic()
         self.budget_s = budget_s
+        self.state = state
         self.results = state / "results"
         self.logs = state / "logs"
         self.triton_cache = state / "triton_cache"
@@ -300,7 +301,7 @@ def _env_default(name: str, default):
 
 def grade_synthetic_class(out, *, grading_env: str = "gpu", sandbox: str = "auto",
                 sequential: str = "beside", workers=None, budget_s: float = 200,
-                python: str = "python3", wheels: str = ".whl", keep_work: bool = False,
+                python: str = sys.executable, wheels: str = ".whl", keep_work: bool = False,
                 log_path: Path | None = None, echo: bool = True, env: dict | None = None) -> int:
     """The instructor's grading of the synthetic class, run on this host and recorded as JSON.
 
@@ -601,24 +602,40 @@ def parse(argv=None) -> argparse.Namespace:
                         help="folder of the archive (default $OUT or /tmp/gpu_out)")
     parser.add_argument("--budget-s", type=float, default=float(_env_default("BUDGET", 570)),
                         help="seconds for the whole call; each step is cut to fit (default 570)")
+    parser.add_argument("--state", type=Path, default=STATE,
+                        help="folder kept between calls: results/, logs/, triton_cache/ "
+                             "(default .gpu_state)")
     parser.add_argument("--test-workers", type=int,
                         default=int(_env_default("TEST_WORKERS", 8)),
                         help="pytest-xdist workers of the tests part (default 8)")
-    grading = parser.add_argument_group("grading part")
+    grading = parser.add_argument_group(
+        "grading part", "each option's default is taken from the environment variable named "
+        "in its help, where set")
     grading.add_argument("--grading-env", choices=("gpu", "cpu", "auto"),
-                         default=_env_default("GRADING_ENV", "gpu"))
+                         default=_env_default("GRADING_ENV", "gpu"),
+                         help="c.AutogradeSettings.environment of the run (GRADING_ENV; gpu)")
     grading.add_argument("--sandbox", choices=("auto", "bwrap", "none"),
-                         default=_env_default("SANDBOX", "auto"))
+                         default=_env_default("SANDBOX", "auto"),
+                         help="c.AutogradeSettings.sandbox (SANDBOX; auto)")
     grading.add_argument("--sequential", choices=("beside", "after", "0"),
-                         default=_env_default("SEQUENTIAL", "beside"))
-    grading.add_argument("--workers", type=int, default=_env_default("WORKERS", None))
+                         default=_env_default("SEQUENTIAL", "beside"),
+                         help="nbgrader's sequential autograde on a second copy: beside the "
+                              "parallel command, after it, or 0 for none (SEQUENTIAL; beside)")
+    grading.add_argument("--workers", type=int, default=_env_default("WORKERS", None),
+                         help="workers of the parallel command (WORKERS; on the CPU its own "
+                              "choice, otherwise half the cores, 2 to 8)")
     grading.add_argument("--grading-budget-s", type=float,
-                         default=float(_env_default("BUDGET_S", 200)))
-    grading.add_argument("--python", default=_env_default("PYTHON", "python3"))
-    grading.add_argument("--wheels", default=_env_default("WHEELS", ".whl"))
+                         default=float(_env_default("BUDGET_S", 200)),
+                         help="seconds for the grading run, the report included (BUDGET_S; 200)")
+    grading.add_argument("--python", default=_env_default("PYTHON", sys.executable),
+                         help="the interpreter of the steps (PYTHON; this one)")
+    grading.add_argument("--wheels", default=_env_default("WHEELS", ".whl"),
+                         help="wheels installed into /tmp/site where nbgrader is missing, "
+                              "Debian packages of bubblewrap in its deb/ (WHEELS; .whl)")
     grading.add_argument("--keep-work", action="store_true",
                          default=bool(os.environ.get("KEEP_WORK")),
-                         help="keep the temporary course folders (/tmp/grade_class.*)")
+                         help="keep the temporary course folders, /tmp/grade_class.* "
+                              "(KEEP_WORK)")
     args = parser.parse_args(argv)
     if args.workers is not None:
         args.workers = int(args.workers)
@@ -660,7 +677,7 @@ def main(argv=None) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runner = Runner(args.budget_s, test_workers=args.test_workers)
+    runner = Runner(args.budget_s, state=args.state.resolve(), test_workers=args.test_workers)
     gpu, why = has_cuda() if NEEDS_GPU & set(args.parts) else (True, "")
     runner.versions()
     for part in args.parts:
@@ -677,7 +694,7 @@ def main(argv=None) -> int:
     archive = out / f"gpu_run_{'_'.join(args.parts)}.tgz"
     with tarfile.open(archive, "w:gz") as handle:
         for folder in ("results", "logs"):
-            handle.add(STATE / folder, arcname=folder)
+            handle.add(runner.state / folder, arcname=folder)
     print(f"{archive} ({archive.stat().st_size} bytes)", flush=True)
     return 1 if runner.failed else 0
 
