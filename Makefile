@@ -164,5 +164,5 @@ gpu-wheels:
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
 	  --platform manylinux_2_17_x86_64 --platform manylinux_2_5_x86_64 \
 	  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .whl
-	# Debian's bubblewrap for the grading sandbox there (scripts/gpu/grade_class.sh unpacks it)
+	# Debian's bubblewrap for the grading sandbox there (the grading part of scripts/gpu/run.py unpacks it)
 	-mkdir -p .whl/deb && cd .whl/deb && apt-get download bubblewrap libcap2 libselinux1

@@ -116,7 +116,7 @@ def provenance_problem(name: str, data: dict | None = None) -> str | None:
     - it is a dry run of its script (``"dry_run": true``), whose numbers are not GPU times;
     - it records the launch plan it ran (``plan_used``) and names the commit of its code
       (``code_commit``), and that plan is neither the commit's own nor, for a run that
-      wrote a sweep's plan into the code before it ran (``scripts/gpu/run_all.sh``), the
+      wrote a sweep's plan into the code before it ran (``scripts/gpu/run.py sweep bench``), the
       plan of ``results/sweep_h200.json`` from the same commit;
     - it is a sweep (``plan`` chosen from its rows) whose ``plan_used`` is not its ``plan``
       with the commit's entries kept where the sweep had no correct candidate;
@@ -207,7 +207,8 @@ def plan_story(name: str) -> str:
     sentence = f"`results/{name}` ran the launch plan it records (`plan_used`)"
     if commit and _plan_at(commit) != used:
         sentence += (f"; its code was commit {commit}, with the plan of the same run's sweep "
-                     "written into it first (`scripts/gpu/run_all.sh`)")
+                     "written into it first (the `sweep` and `bench` parts of "
+                     "`scripts/gpu/run.py`)")
     differs = plan_differences(used, shipped_plan())
     sentence += (", which is the plan this page runs" if not differs else
                  f", which differs from the plan this page runs in {len(differs)} "

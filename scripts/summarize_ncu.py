@@ -11,7 +11,6 @@ import io
 import json
 import sys
 
-sys.path.insert(0, "scripts/gpu")
 
 UNITS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM bandwidth",
@@ -35,7 +34,7 @@ def cases():
 
 def main(csv_path, json_path, versions_path=None, commit=None):
     """``versions_path``: the line ``torch triton gpu date`` the GPU host printed beside the
-    CSV (scripts/gpu/run_all.sh's ncu part); ``commit``: the commit whose code ran."""
+    CSV (the ncu part of scripts/gpu/run.py); ``commit``: the commit whose code ran."""
     with open(csv_path) as handle:
         lines = handle.read().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
@@ -64,7 +63,7 @@ def main(csv_path, json_path, versions_path=None, commit=None):
                         "busiest_unit": UNITS[busiest],
                         "busiest_pct_of_peak": metrics.get(busiest, {}).get("value")})
     provenance = {"command": "ncu --clock-control none --csv -k regex:_msda --metrics ... "
-                  "python3 scripts/gpu/ncu_cases.py (the ncu part of scripts/gpu/run_all.sh)",
+                  "python3 scripts/gpu/ncu_cases.py (the ncu part of scripts/gpu/run.py)",
                   "summarised_by": "python scripts/summarize_ncu.py CSV JSON VERSIONS COMMIT",
                   "source": csv_path, "repository_commit": commit}
     if versions_path:

@@ -26,10 +26,8 @@ what was measured).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -65,27 +63,19 @@ def _portable_arg(arg: str) -> str:
 
 
 def provenance(argv) -> dict:
-    import triton
+    """The course's provenance block (source_kernels.provenance), with nvidia-smi's line for
+    the GPU (name, driver, memory) beside it."""
+    from .provenance import provenance as block
+
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                               "--format=csv,noheader"], capture_output=True, text=True,
                              timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         smi = ""
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": torch.cuda.get_device_name(0),
-        "nvidia_smi": smi,
-        "sm_count": props.multi_processor_count,
-        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m source_kernels.bench " + " ".join(
-            shlex.quote(_portable_arg(a)) for a in argv),
-    }
+    command = "python -m source_kernels.bench " + " ".join(
+        shlex.quote(_portable_arg(a)) for a in argv)
+    return {**block(command), "nvidia_smi": smi}
 
 
 def copy_bandwidth(nbytes=4 * 2 ** 30) -> float:

@@ -13,7 +13,7 @@ chapters quote from them.
 - ``test_measuring_chapters_run_without_results`` executes them with no results file at all:
   each section must say what is not measured, and no cell may fail;
 - ``test_chapters_read_refilled_results`` feeds the cells that read the pitfalls and hardware
-  files with files of the shape ``scripts/gpu/run_all.sh refill`` writes (synthetic numbers,
+  files with files of the shape ``scripts/gpu/run.py refill`` writes (synthetic numbers,
   in a temporary folder, never in results/), so that the code paths for those rows run
   before the real files arrive.
 
@@ -670,7 +670,7 @@ def test_chapter6_quotes_an_ncu_profile_only_with_provenance(tmp_path):
     results = _book_results(tmp_path / "plan", {})
     fresh = copy.deepcopy(committed)
     fresh["provenance"] = {"gpu": "synthetic GPU for a test", "date": "2026-12-01",
-                           "command": "scripts/gpu/run_all.sh ncu"}
+                           "command": "python3 scripts/gpu/run.py ncu"}
     for launch in fresh["launches"]:
         preset, _, dtype, direction = launch["case"].split()
         launch["kernel"] = results.planned_function(direction, preset, dtype)

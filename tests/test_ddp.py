@@ -15,7 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
+from test_results_schemas import schema_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,6 +35,7 @@ def test_ddp_parity_script_world_of_one_on_cpu(tmp_path):
     result = json.loads((tmp_path / "ddp_parity_cpu.json").read_text())
     assert result["world_size"] == 1 and result["backend"] == "gloo"
     assert result["provenance"]["gpu"].startswith("none")
+    jsonschema.validate(result, schema_for("ddp_parity_cpu.json")[1])
     fp32 = result["precisions"]["fp32"]
     assert len(fp32["reference_losses"]) == len(fp32["ddp_losses"]) == steps
     assert all(math.isfinite(v) and v > 0 for v in fp32["ddp_losses"])

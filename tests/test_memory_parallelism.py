@@ -14,7 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
+from test_results_schemas import schema_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu" / "memory_parallelism.py"
@@ -28,8 +30,10 @@ def test_dry_run_checks_the_kernels_in_the_interpreter(tmp_path):
                           text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     payload = json.loads((tmp_path / "memory_dry_run.json").read_text())
-    assert payload["provenance"] is None           # a dry run is never a result
+    assert payload["dry_run"] is True              # a dry run is never a result
+    assert payload["provenance"]["gpu"].startswith("none (dry run")
     assert payload["latency"]["rows"] and payload["gather"]["rows"]
+    jsonschema.validate(payload, schema_for("memory_dry_run.json")[1])
 
 
 def test_without_a_gpu_the_script_says_so():

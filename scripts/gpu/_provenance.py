@@ -1,35 +1,25 @@
 """Shared by the scripts in scripts/gpu/: where a measurement was made, and where it goes.
 
-Every results file written by these scripts starts with a ``provenance`` block (GPU, driver,
-CUDA, torch, triton, Python, date, command, repository commit) so that a number in the book
-can always be traced to the machine and the code that produced it.
+Every results file written by these scripts starts with a ``provenance`` block, written by
+``source_kernels.provenance`` (GPU, driver, CUDA, torch, triton, Python, date, command,
+repository commit), so that a number in the book can always be traced to the machine and the
+code that produced it.
+
+The scripts run as ``python3 scripts/gpu/<name>.py`` from the repository root, on a host
+where the course is not installed: Python puts scripts/gpu/ on ``sys.path`` (so ``import
+_provenance`` works) and importing this module puts the repository there too (so ``import
+source_kernels`` works): the one place scripts/gpu/ touches ``sys.path``.
 """
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import platform
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def repo_on_path() -> None:
-    """Make ``import source_kernels`` work when a script runs as scripts/gpu/<name>.py."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-
-
-def _run(cmd) -> str | None:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 
 def portable(text: str) -> str:
@@ -47,41 +37,14 @@ def portable_command(script: str, argv=None) -> str:
     return " ".join(["python3", f"scripts/gpu/{script}", *map(portable, args)])
 
 
-def provenance(script: str) -> dict:
-    """The machine, the software and the command, as a JSON-ready dict."""
-    import torch
-    import triton
+def provenance(script: str, dry: bool = False) -> dict:
+    """The provenance block of a results file made by ``scripts/gpu/<script>`` with this
+    process's arguments; ``dry``: a code-path check on the CPU (its file is never a result)."""
+    # imported here, not above: importing source_kernels defines its kernels, which must
+    # come after a dry run has chosen Triton's interpreter
+    from source_kernels.provenance import provenance as block
 
-    device = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(device)
-    driver = _run(["nvidia-smi", f"--id={device}", "--query-gpu=driver_version",
-                   "--format=csv,noheader"])
-    commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
-    dirty = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
-    extra = {}
-    if os.environ.get("COURSE_COMMIT"):
-        # the caller names the commit whose tree was copied to this host: the copy's own git
-        # folder (if any) may be older than its working tree
-        extra["commit_from"] = "COURSE_COMMIT, the commit the caller copied to this host"
-        if commit and not commit.startswith(os.environ["COURSE_COMMIT"]):
-            extra["host_git_head"] = commit
-        commit = os.environ["COURSE_COMMIT"]
-    return {
-        "gpu": torch.cuda.get_device_name(device),
-        "compute_capability": f"{props.major}.{props.minor}",
-        "gpu_memory_bytes": int(props.total_memory),
-        "sm_count": int(props.multi_processor_count),
-        "driver": driver,
-        "cuda": torch.version.cuda,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": portable_command(script),
-        "repository_commit": commit,
-        "uncommitted_changes_to_tracked_files": bool(dirty),
-        **extra,
-    }
+    return block(portable_command(script), dry=dry)
 
 
 def gpu_slug(name: str) -> str:
@@ -115,7 +78,7 @@ def lab_script_args(doc: str, script: str, argv=None):
     """The command line shared by the labs' GPU scripts: OUTDIR, ``--budget-s`` (no new
     measurement starts after it) and the hidden ``--dry-run-cpu`` (every code path on tiny
     inputs in Triton's interpreter, never a result).  Picks the interpreter for a dry run and
-    otherwise insists on a GPU, then puts the repository on sys.path.  Returns
+    otherwise insists on a GPU.  Returns
     (args, dry, start time)."""
     import argparse
     import os
@@ -130,7 +93,6 @@ def lab_script_args(doc: str, script: str, argv=None):
         os.environ.setdefault("TRITON_INTERPRET", "1")
     else:
         require_gpu(script)
-    repo_on_path()
     return args, args.dry_run_cpu, time.perf_counter()
 
 
@@ -148,19 +110,6 @@ def make_bench(dry: bool):
         return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
 
     return bench
-
-
-def run_provenance(script: str, dry: bool) -> dict:
-    """``provenance(script)`` on a GPU; in a dry run, only what the CPU can say (the file
-    it produces is marked as a dry run and is never a result)."""
-    if not dry:
-        return provenance(script)
-    import torch
-    import triton
-
-    return {"gpu": "none (dry run in Triton's interpreter)", "torch": torch.__version__,
-            "triton": triton.__version__,
-            "command": portable_command(script)}
 
 
 def results_saver(outdir: str, stem: str, payload: dict):

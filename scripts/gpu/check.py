@@ -13,8 +13,8 @@ Parts (the first four run side by side, the benchmark smoke after them, alone on
 - ``lab10``:   the operator suite (tests/test_operator.py through tests/operator_suite.py)
                against lab 10's solution;
 - ``grading``: the fixture class graded with hidden tests in the GPU environment
-               (scripts/gpu/grade_class.sh): every student's score and status equal to what
-               the CPU grading gives, the GPU-only cells graded;
+               (``grade_synthetic_class`` of scripts/gpu/run.py): every student's score and
+               status equal to what the CPU grading gives, the GPU-only cells graded;
 - ``bench``:   ``python -m source_kernels.bench`` on the three presets (uniform, bf16, no
                dispatch rows): every implementation checked against the fp64 reference and
                timed once.
@@ -23,7 +23,7 @@ One summary line per part, a results file OUTDIR/gpu_check_<gpu>.json with its p
 (the commit comes from git, or from COURSE_COMMIT where the host has no git checkout), the
 parts' logs under OUTDIR/gpu_check_logs.tgz, and exit status 0 only when every part passed.
 A host without nbgrader and nbclient (a GPU machine with torch and Triton only) installs the
-wheels of .whl/ into /tmp/site first (scripts/gpu/grade_class.sh names what it needs).
+wheels of .whl/ into /tmp/site first (``make gpu-wheels`` downloads them).
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ import tarfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import REPO, gpu_slug, provenance, require_gpu
+from run import grade_synthetic_class
 
 PARTS = ("tests", "labs", "lab10", "grading", "bench")
 SITE = Path("/tmp/site")
@@ -175,10 +175,12 @@ def part_lab10(logs, timeout_s):
 
 def part_grading(logs, timeout_s):
     out = logs / "grading"
-    env = dict(os.environ, OUT=str(out), GRADING_ENV="gpu", SANDBOX="auto", SEQUENTIAL="0",
-               BUDGET_S=str(int(timeout_s - 20)), WORKERS="8")
-    code, seconds, text = run_logged("grading", ["bash", "scripts/gpu/grade_class.sh"], logs,
-                                     timeout_s, env=env)
+    started = time.time()
+    code = grade_synthetic_class(out, grading_env="gpu", sandbox="auto", sequential="0",
+                                 workers=8, budget_s=int(timeout_s - 20),
+                                 python=sys.executable, log_path=logs / "grading.log",
+                                 echo=False)
+    seconds = round(time.time() - started, 1)
     result = {}
     for path in out.glob("grading_*.json"):
         result = json.loads(path.read_text())

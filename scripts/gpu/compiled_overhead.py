@@ -39,7 +39,7 @@ import time
 import traceback
 from pathlib import Path
 
-from _provenance import provenance, repo_on_path
+from _provenance import provenance
 
 DTYPES = ("bf16", "fp32")
 MODES = ("default", "reduce-overhead")
@@ -197,7 +197,6 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=50.0)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
-    repo_on_path()
     import source_kernels  # noqa: F401  (the interpreter switch, first)
     import torch
     if args.smoke:

@@ -45,8 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _provenance import gpu_slug, portable_command, provenance, repo_on_path
+from _provenance import gpu_slug, provenance
 
 TOLERANCE = {"fp32": 1e-4, "bf16-autocast": 2e-2}
 FULL = dict(d_model=256, heads=8, points=4, layers=6, d_ffn=1024, per_rank_batch=2,
@@ -72,7 +71,6 @@ def main(argv=None):
     if args.cpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    repo_on_path()
     import torch
     import torch.distributed as dist
 
@@ -120,8 +118,7 @@ def run(args, cfg, device, rank, world):
                       "dropout 0; offsets jittered a quarter pixel off the bilinear kinks",
               "tolerance_max_rel_loss_gap": TOLERANCE, "precisions": {}}
     if rank == 0:
-        result["provenance"] = (cpu_provenance() if device.type == "cpu"
-                                else provenance("ddp_parity.py"))
+        result["provenance"] = provenance("ddp_parity.py", dry=device.type == "cpu")
     for precision in args.precisions.split(","):
         reference = None
         if rank == 0:
@@ -156,19 +153,6 @@ def run(args, cfg, device, rank, world):
               f"(tolerance {TOLERANCE[precision]:g}); step {single_time:.1f} ms on one device, "
               f"{step_ms:.1f} ms per rank on {world}", flush=True)
     return result
-
-
-def cpu_provenance():
-    import datetime
-    import platform
-
-    import torch
-    import triton
-    return {"gpu": "none (CPU, gloo, Triton's interpreter; a code-path check, not a result)",
-            "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": portable_command("ddp_parity.py")}
 
 
 def build(cfg, device, seed=0):

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
                  .to(out_ptr.dtype.element_ty))
 
     device = "cpu" if dry else "cuda"
-    results = {"provenance": None if dry else provenance("decoder_limits.py"), "rows": []}
+    results = {"provenance": provenance("decoder_limits.py", dry), "dry_run": dry, "rows": []}
     cases = ([("tiny", "fp32")] if dry else
              [(p, d) for p in ("decoder", "decoder-b32") for d in ("bf16", "fp32")])
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}

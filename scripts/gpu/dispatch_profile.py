@@ -15,7 +15,7 @@ import pstats
 import sys
 import time
 
-from _provenance import REPO, provenance, repo_on_path, require_gpu, write_results
+from _provenance import REPO, provenance, require_gpu, write_results
 
 
 def main(argv=None) -> int:
@@ -24,7 +24,6 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args(argv)
     require_gpu("dispatch_profile.py")
-    repo_on_path()
     import torch
 
     from source_kernels import multi_scale_deformable_attn

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 import time
 
-from _provenance import REPO, lab_script_args, results_saver, run_provenance
+from _provenance import REPO, lab_script_args, results_saver, provenance
 
 SCRIPT = "forward_labs_compiled.py"
 STEM = "forward_labs_compiled"
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO / "tests"))
     import test_mistakes_forward as table
 
-    result = {"provenance": run_provenance(SCRIPT, dry), "dry_run": dry, "solutions": [],
+    result = {"provenance": provenance(SCRIPT, dry), "dry_run": dry, "solutions": [],
               "mistakes": [], "skipped": []}
     path, save = results_saver(args.outdir, STEM, result)
 

@@ -1,5 +1,5 @@
 """What grading the synthetic class of the fixture lab ``labfx`` should give, by grading
-environment: the table of scripts/gpu/grade_class.sh, with tests/test_grading.py's
+environment: the table of the grading part of scripts/gpu/run.py, with tests/test_grading.py's
 ``EXPECTED`` as its one source.
 
 - ``cpu``: ``EXPECTED`` as it stands.
@@ -22,7 +22,7 @@ GPU there, as the course's own checks do.)
 
 Statuses: "needs_gpu" came from scale_gpu_hidden alone, so it goes; what is left is
 "graded_with_incidents" where EXPECTED lists an incident (a reason other than the GPU cell's:
-EXPECTED lists every incident of these submissions, which the CPU run of grade_class.sh
+EXPECTED lists every incident of these submissions, which the CPU run of that part
 confirms) and "graded" otherwise.  "needs_review" and "ungradable" stay.  No reason may say
 "not gradable here" any more.
 

@@ -1,4 +1,4 @@
-"""The JSON record of scripts/gpu/grade_class.sh: provenance, every student's score, status and
+"""The JSON record of the grading part of scripts/gpu/run.py: provenance, every student's score, status and
 reasons from the parallel run, the comparison with scripts/gpu/grade_class_expected.py, the
 sequential run beside it, the feedback and the export.
 
@@ -9,24 +9,22 @@ WORK is the run's folder (par/ and seq/ course copies, logs/, steps.tsv, setting
 from __future__ import annotations
 
 import csv
-import datetime
 import glob
 import importlib.metadata
 import json
 import os
-import platform
 import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from grade_class_expected import compare
+from source_kernels.provenance import provenance
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 ASSIGNMENT = "labfx"
-sys.path.insert(0, str(HERE))
-
-from grade_class_expected import compare  # noqa: E402
 
 
 def _run(cmd, timeout=30):
@@ -218,8 +216,6 @@ def main(argv=None):
     smi = smi if code == 0 else ""
     gpu_rows = [line for line in (smi or "").splitlines() if line and "," in line]
     _, sandbox_check = _run([sys.executable, "-m", "autograde.sandbox", "check"])
-    code, commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
-    commit = commit if code == 0 else None
     canary_file = work / "canary.txt"
     canary = [c for c in canary_file.read_text().splitlines() if c] if canary_file.exists() \
         else None
@@ -252,15 +248,13 @@ def main(argv=None):
                                   and s["step"] != "sequential"],
     }
     record = {
+        # the course's provenance block, then what a grading run adds to it
         "provenance": {
-            "gpu": [r.split(",")[0].strip() for r in gpu_rows] or None,
-            "driver": gpu_rows[0].split(",")[1].strip() if gpu_rows else None,
+            **provenance(settings["command"]),
+            "gpus": [r.split(",")[0].strip() for r in gpu_rows] or None,
             "host": socket.gethostname(), "cores": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(), "python_executable": sys.executable,
-            "torch": _version("torch"), "triton": _version("triton"),
+            "python_executable": sys.executable,
             "nbgrader": _version("nbgrader"), "ipykernel": _version("ipykernel"),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": settings["command"],
             "settings": {k: settings[k] for k in ("grading_env", "sandbox", "sequential",
                                                    "workers", "budget_s")},
             "wheels_installed": settings.get("wheels_installed"),
@@ -270,7 +264,6 @@ def main(argv=None):
             "kernel_probe": probe or None,
             "grading_environment_used": used,
             "grading_environment_lines": _environment_lines(par),
-            "repository_commit": commit,
         },
         "all_as_expected": bool(comparison["all_as_expected"] and
                                 (seq_comparison is None or seq_comparison["all_as_expected"])),

@@ -18,9 +18,8 @@ import json
 import sys
 import time
 
-from _provenance import provenance, repo_on_path, require_gpu, write_results
+from _provenance import provenance, require_gpu, write_results
 
-repo_on_path()
 
 
 def main(argv=None) -> int:

@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 
-from _provenance import provenance, repo_on_path, require_gpu, write_results
+from _provenance import provenance, require_gpu, write_results
 
 SCRIPT = "hardware.py"
 NAMES = ("value", "value_spatial_shapes", "value_level_start_index", "sampling_locations",
@@ -122,7 +122,6 @@ def main(argv=None) -> int:
                         help="an earlier hardware results file: keep what it holds and "
                              "measure only the rows it lacks")
     args = parser.parse_args(argv)
-    repo_on_path()
     require_gpu(SCRIPT)
     import torch
     import triton.testing

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 import time
 
-from _provenance import lab_script_args, make_bench, results_saver, run_provenance
+from _provenance import lab_script_args, make_bench, results_saver, provenance
 
 SCRIPT = "lab06_tiling.py"
 STEM = "lab06_tiling"
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     def left():
         return args.budget_s - (time.perf_counter() - start)
 
-    payload = {"provenance": run_provenance(SCRIPT, dry), "race": [], "sweep": [], "skipped": [],
+    payload = {"provenance": provenance(SCRIPT, dry), "race": [], "sweep": [], "skipped": [],
                "default_config": {}, "dry_run": dry}
     path, save = results_saver(args.outdir, STEM, payload)
 

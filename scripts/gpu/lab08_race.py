@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 import time
 
-from _provenance import lab_script_args, make_bench, results_saver, run_provenance
+from _provenance import lab_script_args, make_bench, results_saver, provenance
 
 SCRIPT = "lab08_race.py"
 STEM = "lab08_race"
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     def left():
         return args.budget_s - (time.perf_counter() - start)
 
-    payload = {"provenance": run_provenance(SCRIPT, dry), "scatter": [], "skipped": [], "dry_run": dry}
+    payload = {"provenance": provenance(SCRIPT, dry), "scatter": [], "skipped": [], "dry_run": dry}
     path, save = results_saver(args.outdir, STEM, payload)
 
     n = 1 << (12 if dry else 20)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 import time
 
-from _provenance import lab_script_args, make_bench, results_saver, run_provenance
+from _provenance import lab_script_args, make_bench, results_saver, provenance
 
 SCRIPT = "lab09_cliff.py"
 STEM = "lab09_cliff"
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         return args.budget_s - (time.perf_counter() - start)
 
     capability = [0, 0] if dry else list(torch.cuda.get_device_capability())
-    payload = {"provenance": run_provenance(SCRIPT, dry), "capability": capability, "rows": [],
+    payload = {"provenance": provenance(SCRIPT, dry), "capability": capability, "rows": [],
                "skipped": [], "dry_run": dry}
     path, save = results_saver(args.outdir, STEM, payload)
 

@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         tl.store(out_ptr + program * ROW + columns, total)
 
     device = "cpu" if dry else "cuda"
-    payload = {"provenance": None if dry else provenance("memory_parallelism.py")}
+    payload = {"provenance": provenance("memory_parallelism.py", dry), "dry_run": dry}
     stem = "memory_dry_run" if dry else f"memory_{gpu_slug(payload['provenance']['gpu'])}"
     path, save = results_saver(args.outdir, stem, payload)
 

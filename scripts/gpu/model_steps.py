@@ -38,7 +38,7 @@ import time
 import traceback
 from pathlib import Path
 
-from _provenance import provenance, repo_on_path
+from _provenance import provenance
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -216,7 +216,6 @@ def main(argv=None) -> int:
                         help="record where an eager step's host time goes")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
-    repo_on_path()
     import source_kernels  # noqa: F401  (the interpreter switch, first)
     import torch
     if args.smoke:

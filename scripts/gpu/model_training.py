@@ -27,29 +27,23 @@ message rather than ending the run.  Needs only torch, triton, numpy and this re
 """
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from _provenance import provenance
 
 # source_kernels first: on a machine without a GPU it switches Triton to its interpreter,
 # which only works if that happens before triton itself is imported.
-import source_kernels  # noqa: E402,F401
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import triton  # noqa: E402
+import source_kernels  # noqa: F401
+import torch
+import torch.nn.functional as F
 
-from source_kernels.inputs import level_start_index, pyramid_shapes  # noqa: E402
-from source_kernels.model import DeformableEncoder, MSDeformAttn, jitter_offsets  # noqa: E402
+from source_kernels.inputs import level_start_index, pyramid_shapes
+from source_kernels.model import DeformableEncoder, MSDeformAttn, jitter_offsets
 
 DEVICE = torch.device("cuda")
 CORES = ("triton", "grid_sample")
@@ -67,34 +61,6 @@ def scaled(cfg, **toy):
 
 
 # ----------------------------------------------------------------------------- helpers
-def provenance(argv) -> dict:
-    def run(cmd):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=30,
-                                  cwd=REPO).stdout.strip()
-        except Exception as exc:                                      # noqa: BLE001
-            return f"unavailable ({exc.__class__.__name__})"
-
-    if DEVICE.type != "cuda":
-        return {"device": "cpu (smoke run)", "torch": torch.__version__,
-                "triton": triton.__version__, "command": "python3 " + " ".join(argv),
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec="seconds")}
-    return {
-        "gpu": torch.cuda.get_device_name(0),
-        "capability": list(torch.cuda.get_device_capability(0)),
-        "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
-        "cuda_runtime": torch.version.cuda,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python3 " + " ".join(argv),
-        "git_commit": run(["git", "rev-parse", "HEAD"]),
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", "unset"),
-    }
-
-
 def pyramid(height, width):
     shapes = pyramid_shapes(height, width).to(DEVICE)
     return shapes, level_start_index(shapes)
@@ -459,7 +425,7 @@ def main(argv):
         return 1
     outdir = Path(args[0])
     outdir.mkdir(parents=True, exist_ok=True)
-    results = {"provenance": provenance(argv), "quick": quick, "smoke": SMOKE}
+    results = {"provenance": provenance("model_training.py", dry=SMOKE), "quick": quick, "smoke": SMOKE}
     path = outdir / ("model_smoke.json" if SMOKE else "model_h200.json")
 
     def save():

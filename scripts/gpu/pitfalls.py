@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from _provenance import provenance, repo_on_path, require_gpu, write_results
+from _provenance import provenance, require_gpu, write_results
 
 SCRIPT = "pitfalls.py"
 KERNEL_PREFIX = "_msda_forward"          # the loop and the tiled forward kernels
@@ -193,7 +193,6 @@ def main(argv=None) -> int:
 
     # A fresh Triton cache, so that the first call really compiles (pitfall 0).
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="pitfalls-triton-cache-")
-    repo_on_path()
     require_gpu(SCRIPT)
     import torch
     import triton
