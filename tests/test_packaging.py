@@ -63,6 +63,7 @@ IMPORTS = {
     "xdist": "pytest-xdist",
     "playwright": "playwright",
     "requests": "requests",
+    "jsonschema": "jsonschema",
     "yaml": "pyyaml",
     "packaging": "packaging",
 }
