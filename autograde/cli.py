@@ -145,8 +145,11 @@ def cmd_probe(args):
     _, settings = _settings(root)
     from .status import printable
     result = probe(root, settings)
+    # the keys are the probe's own names, printed whole: scripts/gpu/grade_class_report.py
+    # reads them back by name (a cut "torch.cuda.is_available(..." matched nothing)
+    width = max(len(key) for key in result)
     for key, value in result.items():
-        print(f"{printable(key, limit=24):>24}: {printable(value)}")
+        print(f"{printable(key, limit=80):>{width}}: {printable(value)}")
     return 0
 
 

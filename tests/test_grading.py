@@ -433,6 +433,24 @@ def test_sandbox_probe_reports_no_network_no_course_files(tmp_path):
     assert result["torch.cuda.is_available()"] is False and result["TRITON_INTERPRET"] == "1"
 
 
+def test_probe_command_prints_every_key_whole(monkeypatch, capsys):
+    """``python -m autograde probe`` prints each finding as "key: value" with the key whole
+    (the GPU grading report reads "torch.cuda.is_available()" back by name), a key or value
+    with terminal escapes escaped."""
+    import types
+
+    from autograde import cli, probe
+    findings = {"sandbox": "bwrap", "torch.cuda.is_available()": True,
+                "\x1b[2Jkey": "value\x07"}
+    monkeypatch.setattr(probe, "probe", lambda root, settings: findings)
+    monkeypatch.setattr(cli, "_settings", lambda root: (None, None))
+    assert cli.cmd_probe(types.SimpleNamespace(root=".")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    read_back = dict(line.strip().split(": ", 1) for line in lines)
+    assert read_back["torch.cuda.is_available()"] == "True", lines
+    assert not any("\x1b" in line or "\x07" in line for line in lines), lines
+
+
 def test_replay_decides_out_of_the_kernel():
     """Record a check as the kernel does, replay it as the grader does: a replaced comparison
     in the 'kernel' does not survive the replay."""
