@@ -44,11 +44,12 @@ import re
 import shutil
 import stat
 
-from nbgrader.exchange.default import (ExchangeCollect, ExchangeFetchAssignment,
-                                       ExchangeFetchFeedback, ExchangeList,
-                                       ExchangeReleaseAssignment, ExchangeReleaseFeedback,
-                                       ExchangeSubmit)
+from nbgrader.exchange.default import (ExchangeFetchAssignment, ExchangeFetchFeedback,
+                                       ExchangeList, ExchangeReleaseAssignment,
+                                       ExchangeReleaseFeedback, ExchangeSubmit)
 from nbgrader.utils import notebook_hash, parse_utc
+
+from .compat.nbgrader_compat import ExchangeCollectBase
 
 __all__ = ["ReleaseAssignment", "FetchAssignment", "Submit", "Collect", "ReleaseFeedback",
            "FetchFeedback", "List", "safe_copy", "CLASSES"]
@@ -223,7 +224,7 @@ class List(HubExchange, ExchangeList):
         return m.groupdict()
 
 
-class Collect(HubExchange, ExchangeCollect):
+class Collect(HubExchange, ExchangeCollectBase):
     """See the module docstring."""
 
     def init_src(self):
@@ -249,7 +250,7 @@ class Collect(HubExchange, ExchangeCollect):
                 if reason:
                     self.refused.append((path, student, reason))
                     continue
-                records.append(self._path_to_record(path))
+                records.append(self.path_to_record(path))
         by_student = {}
         for record in records:
             by_student.setdefault(record["username"], []).append(record)
@@ -261,14 +262,14 @@ class Collect(HubExchange, ExchangeCollect):
                 self.duedate = None
         self.src_records = []
         for found in by_student.values():
-            found = self._sort_by_timestamp(found)
+            found = self.sort_by_timestamp(found)
             if self.duedate is not None and self.before_duedate:
                 early = [r for r in found if r["timestamp"] <= self.duedate]
                 found = early or found
             self.src_records.append(found[0])
 
-    def _path_to_record(self, path):
-        record = super()._path_to_record(path)
+    def path_to_record(self, path):
+        record = super().path_to_record(path)
         # the student's own folder, relative to inbound/ (copy_files joins it)
         record["filename"] = os.path.join(record["username"], record["filename"])
         return record

@@ -22,14 +22,15 @@ import secrets
 import socket
 import time
 
-from nbclient.exceptions import CellTimeoutError, DeadKernelError
-from nbclient.util import ensure_async, run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils as nbutils
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
 from . import dblock, limits, status
+from .compat.nbclient_compat import (CellTimeoutError, DeadKernelError, TimeoutHook,
+                                      cleanup_kernel, ensure_async, run_sync)
+from .compat.nbconvert_compat import begin_run
 from .config import AutogradeSettings, describe, resolve_environment
 from .kernel import KernelSetup
 from .parallel import limit_grader_memory, memory_reason
@@ -86,7 +87,7 @@ def _is_test_cell(cell) -> bool:
     return cell.cell_type == "code" and nbutils.is_grade(cell) and not nbutils.is_solution(cell)
 
 
-class SandboxedExecute(Execute):
+class SandboxedExecute(TimeoutHook, Execute):
     """nbgrader's Execute, run in the grading sandbox (see the module docstring)."""
 
     iopub_timeout = Integer(5).tag(config=True)
@@ -127,10 +128,7 @@ class SandboxedExecute(Execute):
         self._assignment = assignment
         self._describe = (student, nbg["notebook"], environment, mode, settings)
         # what nbconvert's ExecutePreprocessor.preprocess does before running cells
-        from nbclient import NotebookClient
-        NotebookClient.__init__(self, nb, km)
-        self.reset_execution_trackers()
-        self._check_assign_resources(resources)
+        begin_run(self, nb, km, resources)
         self.info = resources.setdefault("autograde", {})
         self.info.update(environment=environment, sandbox=mode, timeout=self.timeout,
                          cells={}, incidents=[], seeds={}, kernels=[])
@@ -206,7 +204,7 @@ class SandboxedExecute(Execute):
     async def _stop(self):
         if self.km is not None:
             try:
-                await self._async_cleanup_kernel()
+                await cleanup_kernel(self)
             except Exception as exc:                    # noqa: BLE001
                 self.log.warning("cleaning up the kernel: %s", exc)
             self.km = None
@@ -384,12 +382,11 @@ class SandboxedExecute(Execute):
             self.iopub_timeout = self._output_deadline()
         return True, ""
 
-    async def _async_handle_timeout(self, timeout, cell=None):
+    def on_cell_timeout(self):
         """A real timeout: the cell ran past its limit.  The kernel is interrupted; it then
         has the interrupt's grace to go idle before it counts as one that ignored it."""
         self._timed_out = True
         self.iopub_timeout = max(1, int(round(self._settings.interrupt_grace)))
-        return await super()._async_handle_timeout(timeout, cell)
 
     # ------------------------------------------------------------------ output cap
     def process_message(self, msg, cell, cell_index):

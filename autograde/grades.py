@@ -7,17 +7,17 @@ all (None), instead of a zero that would look like a wrong answer.
 """
 from __future__ import annotations
 
-from nbgrader.preprocessors import SaveAutoGrades
+from .compat.nbgrader_compat import SaveAutoGradesBase
 
 __all__ = ["SaveVerifiedGrades"]
 
 
-class SaveVerifiedGrades(SaveAutoGrades):
+class SaveVerifiedGrades(SaveAutoGradesBase):
 
-    def _add_score(self, cell, resources):
+    def add_score(self, cell, resources):
         verdict = cell.metadata.get("autograde", {}).get("verdict", {}).get("verdict")
         if verdict not in ("needs_review", "not_gradable_here"):
-            return super()._add_score(cell, resources)
+            return super().add_score(cell, resources)
         grade = self.gradebook.find_grade(cell.metadata["nbgrader"]["grade_id"],
                                           self.notebook_id, self.assignment_id, self.student_id)
         grade.auto_score = 0.0 if verdict == "needs_review" else None

@@ -81,13 +81,12 @@ def clean_html(element) -> str:
 def markdown2html(context, source) -> str:
     """nbconvert's markdown rendering (maths kept for MathJax, attachments inlined), then
     ``clean_html``."""
-    from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+    from .compat.nbconvert_compat import render_markdown
 
     cell = context.get("cell", {}) or {}
-    renderer = IPythonRenderer(escape=False, attachments=cell.get("attachments", {}),
-                               path=context.get("resources", {}).get("metadata", {})
-                               .get("path", ""))
-    return clean_html(MarkdownWithMath(renderer=renderer).render(source))
+    return clean_html(render_markdown(source, cell.get("attachments", {}),
+                                      context.get("resources", {}).get("metadata", {})
+                                      .get("path", "")))
 
 
 # ---------------------------------------------------------------------------- the policy

@@ -39,7 +39,7 @@ def _libcuda_dir():
     if os.environ.get("TRITON_LIBCUDA_PATH"):
         return os.environ["TRITON_LIBCUDA_PATH"]
     try:
-        from triton.backends.nvidia.driver import libcuda_dirs
+        from .compat.triton_compat import libcuda_dirs
         dirs = libcuda_dirs()
     except Exception:                      # noqa: BLE001  (no CUDA driver on this host)
         return None

@@ -49,8 +49,7 @@ print(json.dumps(r))
 
 def probe(root, settings, environment=None):
     """Run PROBE_CODE in a grading kernel; returns its findings (a dict)."""
-    from nbclient import NotebookClient
-
+    from .compat.nbclient_compat import NotebookClient
     from .config import resolve_environment
     from .execute import resolve_sandbox
     from .kernel import KernelSetup

@@ -548,17 +548,8 @@ def _display_name(fn):
 def watch_kernel_launches(on_launch):
     """Call ``on_launch(kernel_name)`` for every Triton launch (``kernel[grid](...)``,
     compiled or interpreted; warm-up compilations excluded) until the returned ``undo()``."""
-    classes = []
-    try:
-        from triton.runtime.jit import JITFunction
-        classes.append(JITFunction)
-    except Exception:                              # noqa: BLE001
-        pass
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        classes.append(InterpretedFunction)
-    except Exception:                              # noqa: BLE001
-        pass
+    from .compat.triton_compat import launch_classes
+    classes = launch_classes()
     originals = []
     for cls in classes:
         original = cls.__dict__.get("run")

@@ -149,6 +149,23 @@ def _device_map(kind):
     return "cuda" if kind == "cuda" and gpu_visible() else "cpu"
 
 
+def call_rule(check_packages, lab):
+    """(dotted names a graded function of ``lab`` may call besides its own code, the rule in
+    words or None), from the check packages: a package that has a rule defines
+    ``call_rule(lab) -> (names, words)`` at its top (``autograde.checks`` does: the chips of
+    earlier labs); the names of all of them are allowed, their words joined."""
+    allowed, words = [], []
+    for package in check_packages:
+        rule = getattr(importlib.import_module(package), "call_rule", None)
+        if rule is None:
+            continue
+        names, text = rule(lab)
+        allowed.extend(names)
+        if text:
+            words.append(text)
+    return tuple(allowed), "; ".join(words) or None
+
+
 class VerifyChecks(NbGraderPreprocessor):
     """See the module docstring."""
 
@@ -174,11 +191,11 @@ class VerifyChecks(NbGraderPreprocessor):
         self._released = released if reference is not None else None
         forbidden, allowed = labs.forbidden_names(
             nbg["assignment"], settings.forbidden_extra.get(nbg["assignment"], ()))
-        # the chips of earlier labs this lab's graded code may call (the checks' one rule)
-        from .checks import common
-        number = labs.lab_number(nbg["assignment"])
-        allowed = tuple(allowed) + tuple(common.chips_allowed(number))
-        self._chip_rule = common.chip_rule(number)
+        # what else this lab's graded code may call, and the rule in words: the course's
+        # own rule, given by its check packages
+        extra, self._chip_rule = call_rule(settings.check_packages,
+                                           labs.lab_number(nbg["assignment"]))
+        allowed = tuple(allowed) + extra
         student_cells = [(c.source, not nbutils.is_locked(c)) for c in nb.cells
                          if c.cell_type == "code"]
         code_cells = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
