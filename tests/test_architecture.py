@@ -19,19 +19,47 @@ COURSE = ("source_kernels", "autograde", "book", "scripts", "tests")
 BOOK_HELPERS = tuple(sorted(p.stem for p in (REPO / "book").glob("_*.py")))
 
 # layer -> (files, what of the course it may import: exact names or prefixes ending in ".")
+ENGINE = REPO / "autograde"
+
+
+def _under(*folder):
+    return sorted(ENGINE.joinpath(*folder).rglob("*.py"))
+
+
+def _may(*packages):
+    """Each package by its own name and everything under it."""
+    return tuple(n for p in packages for n in (p, p + "."))
+
+
+# settings, the lab table, log escaping and the compat modules: what every engine layer reads
+SHARED = ("autograde", *_may("autograde.config", "autograde.labs", "autograde.logs",
+                             "autograde.compat"))
 LAYERS = {
     "source_kernels": (sorted((REPO / "source_kernels").rglob("*.py")),
                        ("source_kernels.", "source_kernels")),
-    "autograde engine": ([p for p in sorted((REPO / "autograde").rglob("*.py"))
-                          if "checks" not in p.relative_to(REPO / "autograde").parts],
-                         ("autograde", "autograde.")),
-    "autograde.checks": (sorted((REPO / "autograde" / "checks").rglob("*.py")),
-                         ("autograde.checks", "autograde.checks.", "autograde.recording",
-                          "autograde.labs", "source_kernels", "source_kernels.")),
+    "autograde (shared)": ([ENGINE / "__init__.py", ENGINE / "config.py", ENGINE / "labs.py",
+                            ENGINE / "logs.py", *_under("compat")], SHARED),
+    "autograde.isolation": (_under("isolation"), SHARED + _may("autograde.isolation")),
+    "autograde.trust": (_under("trust"), SHARED + _may("autograde.trust")),
+    "autograde.pipeline": (_under("pipeline"), SHARED + _may("autograde.pipeline",
+                                                              "autograde.isolation",
+                                                              "autograde.trust")),
+    "autograde.runner": (_under("runner") + [ENGINE / "__main__.py"], ("autograde", "autograde.")),
+    "autograde.check_api": ([ENGINE / "check_api.py"], SHARED + _may("autograde.trust")),
+    "autograde.checks": (_under("checks"), _may("autograde.checks", "autograde.check_api",
+                                                "source_kernels")),
     "book": (sorted((REPO / "book").glob("*.py")),
              ("source_kernels", "source_kernels.", *BOOK_HELPERS)),
 }
-NEVER = {"autograde engine": ("source_kernels", "autograde.checks")}
+# the runner may import the whole engine, but never the operator nor the course's checks
+NEVER = {"autograde.runner": ("source_kernels", "autograde.checks")}
+
+
+def test_every_engine_module_is_in_one_layer():
+    engine = {p for layer, (files, _) in LAYERS.items() if layer.startswith("autograde")
+              and layer != "autograde.checks" for p in files}
+    every = {p for p in ENGINE.rglob("*.py") if "checks" not in p.relative_to(ENGINE).parts}
+    assert every == engine, sorted(str(p.relative_to(REPO)) for p in every ^ engine)
 
 
 def _module_name(path: Path) -> str:
@@ -100,7 +128,7 @@ def test_the_engine_takes_the_call_rule_from_its_check_packages(tmp_path, monkey
     """What a graded function may call besides its own code is the course's rule: the engine
     asks each check package for it (``call_rule(lab)``) instead of importing the checks, joins
     what they allow, and has no rule where none gives one."""
-    from autograde.verify import call_rule
+    from autograde.pipeline.verify import call_rule
     for name, body in (("rule_a", "def call_rule(lab):\n    return (f'pkg.chips.lab{lab}.f',), "
                                   "f'rule A of lab {lab}'\n"),
                        ("rule_b", "def call_rule(lab):\n    return ('pkg.g',), 'rule B'\n"),
@@ -116,24 +144,46 @@ def test_the_engine_takes_the_call_rule_from_its_check_packages(tmp_path, monkey
 
 
 def test_the_rule_sees_a_crossing(tmp_path, monkeypatch):
-    """An engine module importing the operator inside a function, or the course's checks
-    relatively, is a crossing; the same imports in a check module are not."""
-    package = tmp_path / "autograde"
-    (package / "checks").mkdir(parents=True)
-    (tmp_path / "source_kernels").mkdir()
-    for module in ("autograde/__init__", "autograde/checks/__init__", "autograde/checks/lab01",
+    """Crossings of each kind are seen (inside a function, relative, absolute), and the same
+    kinds of import where the page draws them are not."""
+    for module in ("autograde/__init__", "autograde/config", "autograde/check_api",
+                   "autograde/checks/__init__", "autograde/checks/lab01",
+                   "autograde/isolation/__init__", "autograde/isolation/kernel",
+                   "autograde/trust/__init__", "autograde/trust/recording",
+                   "autograde/pipeline/__init__", "autograde/pipeline/execute",
+                   "autograde/runner/__init__", "autograde/runner/cli",
                    "source_kernels/__init__", "source_kernels/forward"):
+        (tmp_path / f"{module}.py").parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f"{module}.py").write_text("")
-    source = "def f():\n    from source_kernels import forward\nfrom . import lab01\n"
-    (package / "bad.py").write_text(source.replace("from . import", "from .checks import"))
-    (package / "checks" / "fine.py").write_text(source)
+    files = {
+        # the operator inside a function, the checks relatively: never in the engine
+        "autograde/runner/bad.py": ("def f():\n    from source_kernels import forward\n"
+                                    "from ..checks import lab01\n"),
+        # isolation under the pipeline, trust under isolation, pipeline under the runner
+        "autograde/isolation/bad.py": "from ..pipeline import execute\nfrom .. import config\n",
+        "autograde/trust/bad.py": "from autograde.isolation import kernel\n",
+        "autograde/pipeline/bad.py": ("from ..runner import cli\nfrom ..isolation import kernel\n"
+                                      "from ..trust import recording\n"),
+        # a check reaching past check_api into the engine
+        "autograde/checks/bad.py": ("from autograde.trust import recording\n"
+                                    "from autograde import check_api\nfrom . import lab01\n"
+                                    "from source_kernels import forward\n"),
+    }
+    for rel, source in files.items():
+        (tmp_path / rel).write_text(source)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    bad = [n for _, n in _imports(package / "bad.py") if _crosses("autograde engine",
-                                                                  "autograde/bad.py", n)]
-    assert sorted(bad) == ["autograde.checks.lab01", "source_kernels.forward"], bad
-    fine = [n for _, n in _imports(package / "checks" / "fine.py")
-            if _crosses("autograde.checks", "autograde/checks/fine.py", n)]
-    assert fine == [], fine
+    layer_of = {"runner": "autograde.runner", "isolation": "autograde.isolation",
+                "trust": "autograde.trust", "pipeline": "autograde.pipeline",
+                "checks": "autograde.checks"}
+    seen = {rel: sorted(n for _, n in _imports(tmp_path / rel)
+                        if _crosses(layer_of[Path(rel).parts[1]], rel, n)) for rel in files}
+    assert seen == {
+        "autograde/runner/bad.py": ["autograde.checks.lab01", "source_kernels.forward"],
+        "autograde/isolation/bad.py": ["autograde.pipeline.execute"],
+        "autograde/trust/bad.py": ["autograde.isolation.kernel"],
+        "autograde/pipeline/bad.py": ["autograde.runner.cli"],
+        "autograde/checks/bad.py": ["autograde.trust.recording"],
+    }, seen
 
 
 # The libraries whose private or undocumented parts the code uses, each reached through one
@@ -182,10 +232,10 @@ def test_private_library_parts_only_in_the_compat_modules():
 
 
 def test_the_compat_rule_sees_a_private_use(tmp_path):
-    (tmp_path / "autograde").mkdir()
-    bad = tmp_path / "autograde" / "runner.py"
+    (tmp_path / "autograde" / "runner").mkdir(parents=True)
+    bad = tmp_path / "autograde" / "runner" / "grading.py"
     bad.write_text("def f(client):\n    from nbclient.util import run_sync\n"
                    "    return client._async_cleanup_kernel()\n")
     assert _internal_uses([bad], tmp_path) == [
-        "autograde/runner.py:2 imports nbclient.util.run_sync",
-        "autograde/runner.py:3 uses ._async_cleanup_kernel"]
+        "autograde/runner/grading.py:2 imports nbclient.util.run_sync",
+        "autograde/runner/grading.py:3 uses ._async_cleanup_kernel"]

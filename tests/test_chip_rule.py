@@ -187,7 +187,7 @@ def test_a_visible_check_refuses_a_chip_of_its_own_lab_before_grading():
 def test_the_graders_scan_allows_the_same_chips():
     """The names the check lets through reach the grader's static scan (the recorded
     session's ``allow``), so a submission built on an allowed chip is not marked forbidden."""
-    from autograde import scan
+    from autograde.pipeline import scan
 
     cells = [("from source_kernels.chips.lab07 import grad_value\n", False),
              ("def lost_updates(*a):\n    return grad_value(*a)\n", True),

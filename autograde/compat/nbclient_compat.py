@@ -1,7 +1,7 @@
 """nbclient internals the grading kernel's executor uses, written against nbclient 0.11.0
 (pinned in requirements.txt).
 
-:class:`autograde.execute.SandboxedExecute` is an nbclient ``NotebookClient`` (through
+:class:`autograde.pipeline.execute.SandboxedExecute` is an nbclient ``NotebookClient`` (through
 nbgrader's ``Execute`` and nbconvert's ``ExecutePreprocessor``) that runs its own loop over
 the cells.  It needs three things nbclient does not document:
 

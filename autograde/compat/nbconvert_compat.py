@@ -3,7 +3,7 @@ requirements.txt).
 
 - ``ExecutePreprocessor.preprocess`` begins with three steps (the client's own ``__init__``
   on the notebook, ``reset_execution_trackers`` and the private ``_check_assign_resources``);
-  :class:`autograde.execute.SandboxedExecute` runs its own loop and takes those three steps
+  :class:`autograde.pipeline.execute.SandboxedExecute` runs its own loop and takes those three steps
   from :func:`begin_run`.
 - The markdown rendering of nbconvert's ``markdown2html`` filter (``IPythonRenderer`` and
   ``MarkdownWithMath`` of ``nbconvert.filters.markdown_mistune``), which the instructor's

@@ -6,7 +6,7 @@ document:
 
 - the classes whose ``run`` method every launch goes through (``JITFunction`` for a
   compiled kernel, ``InterpretedFunction`` under ``TRITON_INTERPRET=1``), which the launch
-  counter of :mod:`autograde.recording` wraps;
+  counter of :mod:`autograde.trust.recording` wraps;
 - the folders in which the NVIDIA backend finds ``libcuda.so.1`` (``libcuda_dirs``), which
   the sandbox mounts for a kernel on a GPU host.
 """

@@ -161,7 +161,7 @@ and u.find_spec('source_kernels')))") 2>/dev/null; then
     bwrap="/tmp/bw/bin/bwrap (Debian's bubblewrap from .whl/deb${libs:+, with its libraries})"
     echo "   bubblewrap unpacked: $bwrap"
   fi
-  "$PY" -m autograde.sandbox check 2>&1 | sed 's/^/   /'
+  "$PY" -m autograde.isolation.sandbox check 2>&1 | sed 's/^/   /'
 
   local command="OUT=$OUT GRADING_ENV=$GRADING_ENV SANDBOX=$SANDBOX SEQUENTIAL=$SEQUENTIAL"
   command+=" BUDGET_S=$BUDGET_S${WORKERS:+ WORKERS=$WORKERS} bash scripts/gpu/grade_class.sh"

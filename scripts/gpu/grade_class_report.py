@@ -50,7 +50,7 @@ def _ledger(course):
 
 
 def _rows(course):
-    from autograde.cli import report_rows
+    from autograde.runner.cli import report_rows
     return {r["student_id"]: {k: r.get(k) for k in ("score", "max_score", "status", "reasons")}
             for r in report_rows(str(course), ASSIGNMENT)}
 
@@ -92,7 +92,7 @@ def _cell_errors(course, student, gids):
 
 
 def _students(course, rows):
-    from autograde.status import summarize
+    from autograde.pipeline.status import summarize
     ledger = _ledger(course)
     out = {}
     for student, row in rows.items():
@@ -217,7 +217,7 @@ def main(argv=None):
     code, smi = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     smi = smi if code == 0 else ""
     gpu_rows = [line for line in (smi or "").splitlines() if line and "," in line]
-    _, sandbox_check = _run([sys.executable, "-m", "autograde.sandbox", "check"])
+    _, sandbox_check = _run([sys.executable, "-m", "autograde.isolation.sandbox", "check"])
     code, commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
     commit = commit if code == 0 else None
     canary_file = work / "canary.txt"

@@ -49,7 +49,7 @@ from nbgrader.exchange.default import (ExchangeFetchAssignment, ExchangeFetchFee
                                        ExchangeReleaseFeedback, ExchangeSubmit)
 from nbgrader.utils import notebook_hash, parse_utc
 
-from .compat.nbgrader_compat import ExchangeCollectBase
+from ..compat.nbgrader_compat import ExchangeCollectBase
 
 __all__ = ["ReleaseAssignment", "FetchAssignment", "Submit", "Collect", "ReleaseFeedback",
            "FetchFeedback", "List", "safe_copy", "CLASSES"]
@@ -385,7 +385,7 @@ CLASSES = {"release_assignment": ReleaseAssignment, "fetch_assignment": FetchAss
 
 def config_lines() -> list[str]:
     """``c.ExchangeFactory`` lines that select these classes (for an nbgrader_config.py)."""
-    return [f"c.ExchangeFactory.{name} = 'autograde.exchange.{cls.__name__}'"
+    return [f"c.ExchangeFactory.{name} = 'autograde.runner.exchange.{cls.__name__}'"
             for name, cls in CLASSES.items()]
 
 

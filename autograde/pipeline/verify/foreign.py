@@ -1,5 +1,5 @@
 """Code that did not come from the notebook's own cells: a passing cell that relies on it
-earns nothing until the instructor has read it (the findings are :func:`autograde.scan.foreign_code`'s)."""
+earns nothing until the instructor has read it (the findings are :func:`autograde.pipeline.scan.foreign_code`'s)."""
 from __future__ import annotations
 
 from .calls import check_calls

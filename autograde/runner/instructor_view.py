@@ -81,7 +81,7 @@ def clean_html(element) -> str:
 def markdown2html(context, source) -> str:
     """nbconvert's markdown rendering (maths kept for MathJax, attachments inlined), then
     ``clean_html``."""
-    from .compat.nbconvert_compat import render_markdown
+    from ..compat.nbconvert_compat import render_markdown
 
     cell = context.get("cell", {}) or {}
     return clean_html(render_markdown(source, cell.get("attachments", {}),
@@ -157,7 +157,7 @@ class ScriptPolicy(OutputTransform):
 
 
 def _jupyter_server_extension_points():
-    return [{"module": "autograde.instructor_view"}]
+    return [{"module": "autograde.runner.instructor_view"}]
 
 
 def load_jupyter_server_extension(serverapp):

@@ -548,7 +548,7 @@ def _display_name(fn):
 def watch_kernel_launches(on_launch):
     """Call ``on_launch(kernel_name)`` for every Triton launch (``kernel[grid](...)``,
     compiled or interpreted; warm-up compilations excluded) until the returned ``undo()``."""
-    from .compat.triton_compat import launch_classes
+    from ..compat.triton_compat import launch_classes
     classes = launch_classes()
     originals = []
     for cls in classes:

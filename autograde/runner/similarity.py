@@ -49,7 +49,7 @@ cell whose whole answer the notebook prescribes has nothing of a student's own t
 A keyword in prose (``mode="bilinear"``) is read as the keyword argument it names.
 
 Thresholds: per lab and per answer cell, calibrated on a corpus of independently written
-correct answers and of copies (``tests/fixtures/similarity``; ``python -m autograde.similarity
+correct answers and of copies (``tests/fixtures/similarity``; ``python -m autograde.runner.similarity
 --calibrate tests/fixtures/similarity``, written to ``results/similarity_calibration.json``)
 halfway between the highest honest similarity and the lowest copy's; where the two overlap,
 just above the honest answers, the copies it misses named in the file.  A cell the
@@ -102,7 +102,8 @@ MIN_FINGERPRINTS = 4        # own fingerprints an answer needs to be compared at
 IDIOM_MODULES = 0           # a fingerprint in this many course modules is an idiom (0: off)
 PAIRS_BEYOND_COURSE = True  # two students compared only if both hold fingerprints no course code holds
 PRESCRIBED_SHARE = 0.5      # a k-gram with more than this share of prescribed tokens is dropped
-CALIBRATION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+CALIBRATION = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))),
                            "results", "similarity_calibration.json")
 
 _MODULES = {"torch", "tl", "triton", "math", "np", "numpy", "F", "itertools", "functools",
@@ -1343,7 +1344,7 @@ def _git(*args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m autograde.similarity",
+    parser = argparse.ArgumentParser(prog="python -m autograde.runner.similarity",
                                      description="Calibrate the similarity check's thresholds "
                                                  "on a corpus of honest answers and copies.")
     parser.add_argument("--calibrate", metavar="CORPUS", required=True,
@@ -1353,14 +1354,14 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="where to write the calibration "
                                                     "(default: results/similarity_calibration.json)")
     args = parser.parse_args(argv)
-    from .config import AutogradeSettings
+    from ..config import AutogradeSettings
     settings = AutogradeSettings()
     labs = calibrate(args.calibrate, args.assignments, settings)
     commit = _git("rev-parse", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--", ".",
                       ":(exclude)results/similarity_calibration.json"))
     data = {"provenance": {
-                "command": "python -m autograde.similarity " + " ".join(
+                "command": "python -m autograde.runner.similarity " + " ".join(
                     argv if argv is not None else sys.argv[1:]),
                 "commit": commit, "uncommitted_changes": dirty,
                 "date": datetime.datetime.now(datetime.timezone.utc).strftime(

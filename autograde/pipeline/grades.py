@@ -7,7 +7,7 @@ all (None), instead of a zero that would look like a wrong answer.
 """
 from __future__ import annotations
 
-from .compat.nbgrader_compat import SaveAutoGradesBase
+from ..compat.nbgrader_compat import SaveAutoGradesBase
 
 __all__ = ["SaveVerifiedGrades"]
 

@@ -13,11 +13,11 @@
   value), not how it is checked;
 
 and ``CourseFeedbackExporter`` writes the page with the course's template
-(``autograde/templates/course_feedback``).  nbgrader's ``release_feedback`` and
+(``autograde/pipeline/templates/course_feedback``).  nbgrader's ``release_feedback`` and
 ``fetch_feedback`` move single ``.html`` files, so anything beside them would be left behind,
 and a page that loads MathJax from a CDN shows raw TeX on a closed network: the page's maths
 is written as MathML, which the browser lays out itself, and only the stylesheet rules the page
-uses are kept (:mod:`autograde.page_size`), so a page is a few hundred KB and runs no script.
+uses are kept (:mod:`autograde.pipeline.page_size`), so a page is a few hundred KB and runs no script.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode, default
 
 from . import page_size
-from .recording import MIME
+from ..trust.recording import MIME
 from .verify import NOT_GRADABLE
 
 _WARNING = re.compile(r"^\[stderr\] \S.*?:\d+: (\w*Warning: .*)$", re.S)
@@ -62,7 +62,7 @@ def pending_reason(cell, grade) -> str | None:
     automatic one (nbgrader gives an unanswered written answer an automatic 0, and the
     course's grader gives a check it could not confirm a 0 to review: both are scores).
     What is left has no score at all: a written answer or free-response waiting for the
-    instructor, or a check that needs a GPU host (``autograde.grades``)."""
+    instructor, or a check that needs a GPU host (``autograde.pipeline.grades``)."""
     if grade.manual_score is not None or grade.auto_score is not None:
         return None
     if _manually_graded(cell):
@@ -106,7 +106,7 @@ class CourseFeedbackExporter(HTMLExporter):
     The page makes no request of its own and runs no script: the lab template's CSS is
     inlined as nbconvert always does it (cut to the rules the page uses), require.js, Mermaid
     and MathJax (which it would load from a CDN) are left out, and every formula of a markdown
-    cell is MathML (:mod:`autograde.page_size`)."""
+    cell is MathML (:mod:`autograde.pipeline.page_size`)."""
 
     @default("template_name")
     def _course_template_name(self):

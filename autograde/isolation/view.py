@@ -27,7 +27,7 @@ import ast
 import importlib.util
 import os
 
-from . import labs
+from .. import labs
 
 __all__ = ["stage", "ViewError", "module_file", "PACKAGES"]
 

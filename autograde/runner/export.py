@@ -1,7 +1,7 @@
 """``nbgrader export`` with the grading status: the CSV gets ``status`` and ``reasons``
 columns, a submission that could not be graded has an empty score, not 0, a submission
 folder the gradebook never saw (no notebook in it) has a row too, and answers the similarity
-check matched (:mod:`autograde.similarity`) are listed as ``needs_review`` with the match."""
+check matched (:mod:`autograde.runner.similarity`) are listed as ``needs_review`` with the match."""
 from __future__ import annotations
 
 import csv
@@ -10,7 +10,7 @@ import os
 from nbgrader.api import MissingEntry
 from nbgrader.plugins import ExportPlugin
 
-from . import status as _status
+from ..pipeline import status as _status
 
 __all__ = ["StatusCsvExport", "rows", "ungraded_submissions", "apply_similarity"]
 
@@ -66,7 +66,7 @@ def rows(gradebook, root, settings, assignments=(), students=()):
 
 def apply_similarity(data, root, settings, coursedir, assignment, save=True):
     """Mark the rows of ``assignment`` whose answers the similarity check matched
-    (:mod:`autograde.similarity`): status ``needs_review`` (a submission that is graded; an
+    (:mod:`autograde.runner.similarity`): status ``needs_review`` (a submission that is graded; an
     ungraded or ungradable one keeps its status), the matches first among the reasons.  The
     score is left as it is."""
     from . import similarity
@@ -115,7 +115,7 @@ class StatusCsvExport(ExportPlugin):
     """CSV export with a status column (``nbgrader export``)."""
 
     def export(self, gradebook):
-        from .config import AutogradeSettings
+        from ..config import AutogradeSettings
         dest = self.to or "grades.csv"
         settings = AutogradeSettings(config=self.config)
         from nbgrader.coursedir import CourseDirectory

@@ -4,7 +4,7 @@ timeouts, an output cap, and recovery from a kernel that hangs or dies.
 What nbgrader does on its own: a cell that runs past the timeout is interrupted with SIGINT
 and the next cell runs.  What happens here as well:
 
-- the kernel is started by :mod:`autograde.kernel` (sandbox, limits, the grader's seed);
+- the kernel is started by :mod:`autograde.isolation.kernel` (sandbox, limits, the grader's seed);
 - a cell that ignores the interrupt (its kernel stops answering) or kills its kernel is
   recorded as an incident; the kernel is restarted and every earlier cell that is not a test
   cell and did not fail is run again, silently, to rebuild the student's state; then grading
@@ -27,15 +27,15 @@ from nbgrader import utils as nbutils
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
-from . import dblock, limits, status
-from .compat.nbclient_compat import (CellTimeoutError, DeadKernelError, TimeoutHook,
-                                      cleanup_kernel, ensure_async, run_sync)
-from .compat.nbconvert_compat import begin_run
-from .config import AutogradeSettings, describe, resolve_environment
-from .kernel import KernelSetup
-from .parallel import limit_grader_memory, memory_reason
-from .recording import MIME
-from .sandbox import sandbox_available
+from . import dblock, status
+from ..isolation import limits
+from ..compat.nbclient_compat import CellTimeoutError, DeadKernelError, TimeoutHook, cleanup_kernel, ensure_async, run_sync
+from ..compat.nbconvert_compat import begin_run
+from ..config import AutogradeSettings, describe, resolve_environment
+from ..isolation.kernel import KernelSetup
+from ..isolation.limits import limit_grader_memory, memory_reason
+from ..trust.recording import MIME
+from ..isolation.sandbox import sandbox_available
 
 __all__ = ["SandboxedExecute", "resolve_sandbox", "sandbox_warning"]
 

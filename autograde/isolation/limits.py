@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["from_error", "from_exit", "LIMITS"]
+__all__ = ["from_error", "from_exit", "LIMITS", "limit_grader_memory", "memory_reason"]
 
 LIMITS = ("memory limit", "process limit", "file-size limit", "CPU-time limit", "time limit",
           "output limit", "folder limit")
@@ -78,3 +78,31 @@ def from_exit(report, settings):
         return "process limit", (f"process limit: the kernel could not start a process or "
                                  f"thread (at most {settings.processes} per kernel)")
     return None
+
+
+def limit_grader_memory(megabytes):
+    """Bound this process's memory to ``megabytes`` MiB (RLIMIT_DATA: heap and private
+    writable mappings, which a GPU driver's address-space reservations are not); a later call
+    never loosens an earlier one.  Set in each worker of ``python -m autograde grade`` and,
+    under plain ``nbgrader autograde``, once in its process by the preprocessor that runs the
+    notebooks.  Returns the limit now in force (bytes), None when there is none."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if megabytes:
+        size = int(megabytes) * 2 ** 20
+        for current in (soft, hard):
+            if current != resource.RLIM_INFINITY:
+                size = min(size, current)
+        resource.setrlimit(resource.RLIMIT_DATA, (size, size))
+        soft = size
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def memory_reason(megabytes):
+    """What the ledger says of a submission whose grading ran out of memory in the grader
+    (``megabytes``: the grader's limit in force, 0 or None when there was none)."""
+    if not megabytes:
+        return ("grader memory: the grader ran out of memory grading this submission (no "
+                "limit is set: AutogradeSettings.grader_memory_mb = 0)")
+    return (f"grader memory limit: grading this submission needed more than the grader's "
+            f"{megabytes} MiB (AutogradeSettings.grader_memory_mb)")

@@ -6,7 +6,7 @@
         sequential ``nbgrader autograde``), then print the report
   report ASSIGNMENT [--csv FILE] [--json FILE]
         score and grading status of every submission, ungradable ones with their reasons,
-        answers the similarity check matched as needs_review (autograde/similarity.py)
+        answers the similarity check matched as needs_review (autograde/runner/similarity.py)
   probe
         start one grading kernel and show what it can reach (uid, network, course files,
         limits): a check of the sandbox on this host
@@ -27,7 +27,7 @@ __all__ = ["main", "report_rows"]
 
 
 def _settings(root):
-    from .config import AutogradeSettings
+    from ..config import AutogradeSettings
     from .parallel import _load_config
     config = _load_config(root)
     return config, AutogradeSettings(config=config)
@@ -59,7 +59,7 @@ def report_rows(root, assignment):
 def _print_report(rows, out=sys.stdout):
     """One line per submission; every field escaped (``status.printable``): a student's folder
     name or a reason carrying terminal escapes cannot redraw another row."""
-    from .status import printable
+    from ..pipeline.status import printable
     if not rows:
         out.write("no submissions\n")
         return
@@ -125,8 +125,8 @@ def cmd_report(args):
 
 
 def cmd_env(args):
-    from .config import describe, resolve_environment
-    from .execute import resolve_sandbox
+    from ..config import describe, resolve_environment
+    from ..pipeline.execute import resolve_sandbox
     _, settings = _settings(os.path.abspath(args.root))
     env = resolve_environment(settings)
     try:
@@ -143,7 +143,7 @@ def cmd_probe(args):
     from .probe import probe
     root = os.path.abspath(args.root)
     _, settings = _settings(root)
-    from .status import printable
+    from ..pipeline.status import printable
     result = probe(root, settings)
     for key, value in result.items():
         print(f"{printable(key, limit=24):>24}: {printable(value)}")
@@ -178,7 +178,7 @@ def main(argv=None):
     for p in sub.choices.values():
         p.add_argument("--root", default=".", help="the course directory")
     args = parser.parse_args(argv)
-    from .logs import escape_log_records
+    from ..logs import escape_log_records
     escape_log_records()
     try:
         return args.func(args)

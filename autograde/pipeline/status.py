@@ -46,7 +46,7 @@ STATUSES = ("graded", "graded_with_incidents", "needs_gpu", "needs_review", "ung
 
 
 def _settings(config):
-    from .config import AutogradeSettings
+    from ..config import AutogradeSettings
     return AutogradeSettings(config=config)
 
 
@@ -203,7 +203,7 @@ def printable(text, limit=4000, newlines=False) -> str:
     """``text`` safe to print on a terminal, write into a CSV or show in a page
     (:func:`autograde.logs.escaped`): newlines become spaces unless ``newlines``; at most
     ``limit`` characters."""
-    from .logs import escaped
+    from ..logs import escaped
     return escaped(text, limit, newlines)
 
 
@@ -264,7 +264,7 @@ def _record_status_class():
         """Last autograde preprocessor: write this notebook's outcome into the ledger."""
 
         def preprocess(self, nb, resources):
-            from .config import AutogradeSettings
+            from ..config import AutogradeSettings
             settings = AutogradeSettings(parent=self)
             nbg = resources["nbgrader"]
             info = resources.get("autograde", {})

@@ -3,7 +3,7 @@
 Every kernel sees one of the host's GPUs (``CUDA_VISIBLE_DEVICES`` set to one device), so
 that a class graded with several workers, or by several grading commands at once, spreads
 over the GPUs instead of piling onto the first.  The GPU follows the kernel's slot in the
-host's uid pool (:mod:`autograde.uids`): slot ``s`` gets device ``s mod n``.  Slots are handed
+host's uid pool (:mod:`autograde.isolation.uids`): slot ``s`` gets device ``s mod n``.  Slots are handed
 out lowest-free-first to every running kernel on the host, so kernels running together
 take GPUs in turn, whatever command started them.  ``AutogradeSettings.gpu_per_kernel =
 False`` gives every kernel all of them, as before; on a CPU host nothing of this applies.

@@ -13,11 +13,11 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
 from . import gpus, uids, view
-from .config import cores
+from ..config import cores
 
 __all__ = ["SandboxKernelManager", "KernelSetup", "VIEW_PATH", "socket_dir_problems"]
 
-# where the kernel finds its view of the course packages (autograde.view), first on its path
+# where the kernel finds its view of the course packages (autograde.isolation.view), first on its path
 VIEW_PATH = "/course"
 
 
@@ -39,7 +39,7 @@ def _libcuda_dir():
     if os.environ.get("TRITON_LIBCUDA_PATH"):
         return os.environ["TRITON_LIBCUDA_PATH"]
     try:
-        from .compat.triton_compat import libcuda_dirs
+        from ..compat.triton_compat import libcuda_dirs
         dirs = libcuda_dirs()
     except Exception:                      # noqa: BLE001  (no CUDA driver on this host)
         return None
@@ -71,7 +71,7 @@ def _remove_stale():
 
 class KernelSetup:
     """Everything one grading kernel needs on the host: a uid of its own from the host's pool
-    (:mod:`autograde.uids`, held until :meth:`cleanup`), a private folder (spec and connection
+    (:mod:`autograde.isolation.uids`, held until :meth:`cleanup`), a private folder (spec and connection
     file, root only), a socket folder (the kernel's uid while it starts, then closed)."""
 
     def __init__(self, *, mode, environment, settings, seed, worker=0, workers=1,
@@ -166,7 +166,7 @@ class KernelSetup:
                 "tmp_mb": s.tmp_mb, "tmp_inodes": s.tmp_inodes,
                 "gpu": self.environment == "gpu",
                 "kernel_args": [
-                    "--IPKernelApp.exec_lines=import autograde.recording as _autograde_rec; "
+                    "--IPKernelApp.exec_lines=import autograde.trust.recording as _autograde_rec; "
                     "_autograde_rec.install_in_kernel(); del _autograde_rec"]}
         with open(self.spec_path, "w") as fh:
             json.dump(spec, fh)
@@ -176,7 +176,7 @@ class KernelSetup:
                                   connection_file=os.path.join(self.private, "connection.json"),
                                   **kwargs)
         km._kernel_spec = KernelSpec(
-            argv=[sys.executable, "-m", "autograde.sandbox", "launch", self.spec_path,
+            argv=[sys.executable, "-m", "autograde.isolation.sandbox", "launch", self.spec_path,
                   "{connection_file}"],
             display_name="Python 3 (autograde sandbox)", language="python",
             interrupt_mode="signal", env={}, metadata={})

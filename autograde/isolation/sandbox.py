@@ -5,12 +5,12 @@ pid, ipc and uts namespaces, so it has no network at all (not even loopback to t
 no process of the host, and is killed with everything it spawned when it ends.  Its file
 system is built from read-only binds of what Python needs (``/usr``, the Python install, the
 virtual environment, and the lab's staged view of the course's ``source_kernels`` and
-``autograde`` packages, :mod:`autograde.view`, never the packages themselves) plus an empty,
+``autograde`` packages, :mod:`autograde.isolation.view`, never the packages themselves) plus an empty,
 size-limited working folder and private ``/tmp``: a submission is its notebook, whose cells
 arrive over the kernel's socket, and no other file of it is there; the course directory, the
 gradebook, the source notebooks and the other students' folders are simply not there.  Inside,
 ``setpriv`` drops to a uid that no other running kernel on the host has (taken from the host's
-pool, :mod:`autograde.uids`, so that the process limit and the keyrings are this kernel's
+pool, :mod:`autograde.isolation.uids`, so that the process limit and the keyrings are this kernel's
 only) with no capabilities and ``no_new_privs``, and ``prlimit`` caps address space,
 processes, CPU seconds, file size and open files.  The launcher joins a fresh session keyring
 before it starts bwrap, so a key the kernel adds there dies with it; when the kernel ends the
@@ -21,7 +21,7 @@ which the grader names a limit the kernel ran into.
 
 The kernel talks to the grader over ZeroMQ ``ipc`` sockets in a directory that the grader
 creates and closes once the kernel is up.  The kernel spec's command is ``python -m
-autograde.sandbox launch SPEC CONNECTION_FILE``: this launcher (run as the grader's user)
+autograde.isolation.sandbox launch SPEC CONNECTION_FILE``: this launcher (run as the grader's user)
 builds the ``bwrap`` command, starts it with SIGINT ignored (jupyter_client interrupts by
 signalling the whole process group; the kernel inside re-enables SIGINT while it runs a
 cell), keeps the first few kB of the kernel's stdout/stderr for the log and drops the rest.
@@ -103,7 +103,7 @@ def _inside(path, roots):
 
 
 def build_command(spec, connection_fd, passwd_fd):
-    """The bwrap command line for ``spec`` (see ``autograde.kernel.sandbox_spec``)."""
+    """The bwrap command line for ``spec`` (see ``autograde.isolation.kernel.sandbox_spec``)."""
     uid = int(spec["uid"])
     limits = spec["limits"]
     args = [bwrap_path(), "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc",
@@ -249,7 +249,7 @@ def _watch_cpu(uid, stop, seen, every=0.5):
 
 def _write_exit_report(spec_path, code, head, tail, cpu_seconds=None):
     """exit.json beside the spec (the grader's private folder): how the kernel ended, read by
-    autograde.execute to name a limit the kernel ran into."""
+    autograde.pipeline.execute to name a limit the kernel ran into."""
     report = {"status": code, "cpu_seconds": cpu_seconds, "head": head.decode(errors="replace"),
               "tail": tail.decode(errors="replace")}
     try:
@@ -348,7 +348,7 @@ def exit_message(code, output):
     """The launcher's line on the grader's stderr (the instructor's terminal under nbgrader
     autograde) for a kernel that exited with ``code``: the kernel's first output, which the
     submission controls, escaped (no terminal control character reaches the terminal)."""
-    from .logs import escaped                    # the standard library only: see there
+    from ..logs import escaped                    # the standard library only: see there
     text = escaped(output.decode(errors="replace").strip(), limit=_KEEP_OUTPUT)
     return (f"[autograde sandbox] kernel exited with status {code}"
             + (f"; its first output:\n{text}\n" if text else "\n"))
@@ -376,8 +376,8 @@ def main(argv=None):
         ok, why = sandbox_available()
         print("bubblewrap sandbox: " + ("available" if ok else f"NOT available ({why})"))
         sys.exit(0 if ok else 1)
-    sys.stderr.write("usage: python -m autograde.sandbox launch SPEC CONNECTION_FILE [ARGS]\n"
-                     "       python -m autograde.sandbox check\n")
+    sys.stderr.write("usage: python -m autograde.isolation.sandbox launch SPEC CONNECTION_FILE [ARGS]\n"
+                     "       python -m autograde.isolation.sandbox check\n")
     sys.exit(2)
 
 

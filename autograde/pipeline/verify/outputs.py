@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from nbformat.notebooknode import NotebookNode
 
-from ..recording import MIME
+from ...trust.recording import MIME
 
 __all__ = ["error", "has_error", "note", "records", "stderr_to_stdout", "strip_records"]
 

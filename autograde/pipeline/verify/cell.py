@@ -1,14 +1,14 @@
 """The verdict of one graded test cell, decided outside the kernel: a cell that needs a GPU
 on a CPU host is not gradable here; one the kernel did not finish fails; every check call is
-replayed in this process with the kernel's record (:mod:`autograde.recording`), the expected
+replayed in this process with the kernel's record (:mod:`autograde.trust.recording`), the expected
 values and the comparison being the grader's own; a checked function that the static scan
 finds reaching what the lab forbids is ``forbidden``."""
 from __future__ import annotations
 
 import importlib
 
-from .. import recording
-from ..config import gpu_visible
+from ...trust import recording
+from ...config import gpu_visible
 from .outputs import has_error, records
 
 __all__ = ["NOT_GRADABLE", "needs_gpu", "resolve", "scan_verdict", "verify_cell"]

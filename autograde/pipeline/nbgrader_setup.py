@@ -24,7 +24,7 @@ __all__ = ["configure"]
 
 
 def configure(c):
-    from .logs import escape_log_records
+    from ..logs import escape_log_records
     escape_log_records()          # what a submission names reaches the terminal escaped
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput,
@@ -53,5 +53,5 @@ def configure(c):
     # even does it on every call): a setting on the subclass takes precedence over both
     c.CourseFeedbackExporter.template_name = TEMPLATE_NAME
     c.CourseFeedbackExporter.extra_template_basedirs = [str(TEMPLATES)]
-    c.ExportApp.plugin_class = "autograde.export.StatusCsvExport"
+    c.ExportApp.plugin_class = "autograde.runner.export.StatusCsvExport"
     return c

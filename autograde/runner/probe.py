@@ -49,10 +49,10 @@ print(json.dumps(r))
 
 def probe(root, settings, environment=None):
     """Run PROBE_CODE in a grading kernel; returns its findings (a dict)."""
-    from .compat.nbclient_compat import NotebookClient
-    from .config import resolve_environment
-    from .execute import resolve_sandbox
-    from .kernel import KernelSetup
+    from ..compat.nbclient_compat import NotebookClient
+    from ..config import resolve_environment
+    from ..pipeline.execute import resolve_sandbox
+    from ..isolation.kernel import KernelSetup
     environment = environment or resolve_environment(settings)
     mode = resolve_sandbox(settings)
     listener = socket.socket()

@@ -9,11 +9,11 @@ For each autograded test cell (its source restored from the gradebook, so truste
    gradable here" on a CPU host: it gets no automatic score and is flagged for a GPU grading
    run, never silently 0;
 3. every call of a check function from a check package (``autograde.checks`` by default) is
-   replayed in this process with the kernel's record (:mod:`autograde.recording`): the
+   replayed in this process with the kernel's record (:mod:`autograde.trust.recording`): the
    expected values and the comparison are the grader's own.  A cell passes only if the
    kernel raised nothing *and* every replay passed; a kernel pass that the replay rejects
    (or a missing record) scores 0 and is flagged for review, with the replay's message;
-4. a checked function that the static scan (:mod:`autograde.scan`) finds reaching a
+4. a checked function that the static scan (:mod:`autograde.pipeline.scan`) finds reaching a
    forbidden module scores 0;
 5. the records and any result value the kernel left in the cell are removed (a number there
    would be read by nbgrader as partial credit).
@@ -33,8 +33,9 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader import utils as nbutils
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-from .. import labs, scan
-from ..config import AutogradeSettings
+from ... import labs
+from .. import scan
+from ...config import AutogradeSettings
 from ..restore import released_notebook
 from ..status import printable
 from .calls import call_rule, check_calls

@@ -9,9 +9,9 @@ the wall time differ.
 - Workers: at most the number of cores, and at most what memory allows (each kernel may use
   ``AutogradeSettings.memory_mb``, plus about 1 GiB for the grader process); ``--workers``
   overrides.  Every kernel runs as a uid that no other running kernel on the host has, from
-  a pool shared by every grading command on the host (:mod:`autograde.uids`).
+  a pool shared by every grading command on the host (:mod:`autograde.isolation.uids`).
 - The gradebook: with SQLite, gradebook writes are serialised by a lock file
-  (:mod:`autograde.dblock`); notebooks run in parallel.
+  (:mod:`autograde.pipeline.dblock`); notebooks run in parallel.
 - Several hosts: ``--shard i/n`` grades every n-th student starting at i, so that n hosts
   sharing the course folder (and a PostgreSQL gradebook) split a class without overlap.
 - Resuming: a submission whose ledger entry says ``done`` (and whose submission has not
@@ -27,6 +27,8 @@ import os
 import sys
 import threading
 import time
+
+from ..isolation.limits import limit_grader_memory, memory_reason
 
 __all__ = ["grade_class", "plan", "default_workers", "limit_grader_memory", "memory_reason"]
 
@@ -47,7 +49,7 @@ def _coursedir(config, root):
 
 
 def default_workers(settings, tasks):
-    from .config import cores
+    from ..config import cores
     workers = cores()
     try:
         with open("/proc/meminfo") as fh:
@@ -66,8 +68,8 @@ def plan(root, assignment, force=False, students=None, shard=None, statuses=None
     ``shard``: (i, n) keeps the students whose position in the sorted list is i modulo n
     (several grading hosts, one shard each); ``statuses``: regrade only the submissions whose
     current status is one of these (for example ``needs_gpu`` on a GPU host)."""
-    from . import status
-    from .config import AutogradeSettings
+    from ..pipeline import status
+    from ..config import AutogradeSettings
     config = _load_config(root)
     settings = AutogradeSettings(config=config)
     cd = _coursedir(config, root)
@@ -123,7 +125,7 @@ def _init_worker(root, assignment, counter, workers, log_dir, sqlite=True):
 def _limit_memory(root):
     """Bound this worker's memory (see :func:`limit_grader_memory`), so that one
     submission's grading cannot take the host's memory from the other workers."""
-    from .config import AutogradeSettings
+    from ..config import AutogradeSettings
     try:
         limit = AutogradeSettings(config=_load_config(root)).grader_memory_mb
     except Exception:                                   # noqa: BLE001
@@ -132,37 +134,9 @@ def _limit_memory(root):
     limit_grader_memory(limit)
 
 
-def limit_grader_memory(megabytes):
-    """Bound this process's memory to ``megabytes`` MiB (RLIMIT_DATA: heap and private
-    writable mappings, which a GPU driver's address-space reservations are not); a later call
-    never loosens an earlier one.  Set in each worker of ``python -m autograde grade`` and,
-    under plain ``nbgrader autograde``, once in its process by the preprocessor that runs the
-    notebooks.  Returns the limit now in force (bytes), None when there is none."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    if megabytes:
-        size = int(megabytes) * 2 ** 20
-        for current in (soft, hard):
-            if current != resource.RLIM_INFINITY:
-                size = min(size, current)
-        resource.setrlimit(resource.RLIMIT_DATA, (size, size))
-        soft = size
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
-def memory_reason(megabytes):
-    """What the ledger says of a submission whose grading ran out of memory in the grader
-    (``megabytes``: the grader's limit in force, 0 or None when there was none)."""
-    if not megabytes:
-        return ("grader memory: the grader ran out of memory grading this submission (no "
-                "limit is set: AutogradeSettings.grader_memory_mb = 0)")
-    return (f"grader memory limit: grading this submission needed more than the grader's "
-            f"{megabytes} MiB (AutogradeSettings.grader_memory_mb)")
-
-
 def _grade_one(task):
     student, force = task
-    from . import dblock
+    from ..pipeline import dblock
     root, assignment = _worker_state["root"], _worker_state["assignment"]
     log_path = os.path.join(_worker_state["log_dir"], f"{student}.log")
     started = time.monotonic()
@@ -207,8 +181,8 @@ def _grade_one(task):
 
 
 def _note_grader_limit(root, assignment, student):
-    from . import status
-    from .config import AutogradeSettings
+    from ..pipeline import status
+    from ..config import AutogradeSettings
     try:
         settings = AutogradeSettings(config=_load_config(root))
         status.note_failure(root, settings, assignment, student,
@@ -236,7 +210,7 @@ class _Progress:
         text = (f"[{bar}] {self.done}/{self.total} submissions, {self.workers} workers, "
                 f"{elapsed:5.0f} s elapsed, ~{eta:4.0f} s left")
         if student is not None:
-            from .status import printable
+            from ..pipeline.status import printable
             text += (f"  ({printable(student, limit=60)}"
                      f"{'' if code == 0 else ': nbgrader reported an error'})")
         if self.tty:
@@ -259,7 +233,7 @@ def _warm_similarity(root, config, settings, assignment):
 def grade_class(root, assignment, workers=None, force=False, students=None, progress=True,
                 out=sys.stderr, shard=None, statuses=None):
     """Autograde every submission of ``assignment``; returns a summary dict."""
-    from .config import AutogradeSettings
+    from ..config import AutogradeSettings
     root = os.path.abspath(root)
     config = _load_config(root)
     settings = AutogradeSettings(config=config)
@@ -267,7 +241,7 @@ def grade_class(root, assignment, workers=None, force=False, students=None, prog
     todo, skipped = plan(root, assignment, force=force, students=students, shard=shard,
                          statuses=statuses)
     if todo:
-        from .execute import sandbox_warning
+        from ..pipeline.execute import sandbox_warning
         try:
             warning = sandbox_warning(settings)
         except RuntimeError as exc:
@@ -282,7 +256,7 @@ def grade_class(root, assignment, workers=None, force=False, students=None, prog
     n = max(1, min(n, max(1, len(todo))))
     for student, why in skipped:
         if progress:
-            from .status import printable
+            from ..pipeline.status import printable
             out.write(f"skipping {printable(student, limit=100)}: {printable(why)} "
                       "(use --force to regrade)\n")
     results = []
