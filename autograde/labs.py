@@ -19,10 +19,11 @@ TIMEOUTS = {0: 60, 1: 60, 2: 60, 3: 60, 4: 120, 5: 240, 6: 240, 7: 180, 8: 240, 
 DEFAULT_TIMEOUT = 120
 
 # Whatever a graded function must not reach (dotted prefixes), on top of the in-kernel
-# ``forbid_references``: the operator package except its input makers and comparison helpers,
-# its registered operator, and the grading package itself.
+# ``forbid_references``: the operator package except its input makers, comparison helpers and
+# Triton shims (no answer in any of them), its registered operator, and the grading package
+# itself.
 FORBIDDEN = ("source_kernels", "torch.ops.source_kernels", "autograde")
-ALLOWED = ("source_kernels.inputs", "source_kernels.testing")
+ALLOWED = ("source_kernels.inputs", "source_kernels.testing", "source_kernels.triton_compat")
 
 
 def lab_number(assignment_id: str):

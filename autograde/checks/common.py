@@ -2,8 +2,9 @@
 
 ``forbid_references()`` makes sure a graded function does its own work: while the context is
 open, every builtin chip (``source_kernels.chips.*``) and every reference or kernel entry
-point of ``source_kernels`` (everything but the input makers in ``source_kernels.inputs`` and
-the comparison helpers in ``source_kernels.testing``) raises
+point of ``source_kernels`` (everything but the input makers in ``source_kernels.inputs``,
+the comparison helpers in ``source_kernels.testing`` and the Triton shims of
+``source_kernels.triton_compat``, which the guard calls while a kernel runs) raises
 ``ReferenceCalled("graded function called the reference <name>")``.  A hidden check computes
 its expected result first, outside the context, and calls the student's function inside it.
 
@@ -29,7 +30,7 @@ __all__ = ["requires_gpu", "ReferenceCalled", "forbid_references", "forbidden_ob
            "fresh_generator", "count_kernel_launches", "kernel_device", "judging", "expect",
            "show", "Raised", "attempt", "attempt_expecting"]
 
-ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing")
+ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing", "source_kernels.triton_compat")
 
 
 def judging() -> bool:
