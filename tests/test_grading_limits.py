@@ -131,10 +131,10 @@ def test_the_containers_handed_over_are_new_ones():
 def test_the_grader_memory_limit_is_set_once_in_the_process():
     code = textwrap.dedent("""
         import resource
-        from autograde import parallel
-        parallel.limit_grader_memory(300)
+        from autograde.isolation import limits
+        limits.limit_grader_memory(300)
         first = resource.getrlimit(resource.RLIMIT_DATA)
-        parallel.limit_grader_memory(900)          # a second call never loosens it
+        limits.limit_grader_memory(900)          # a second call never loosens it
         second = resource.getrlimit(resource.RLIMIT_DATA)
         try:
             block = bytearray(600 * 2 ** 20)
@@ -154,8 +154,8 @@ def test_a_memory_error_under_nbgrader_autograde_is_named(monkeypatch):
     command's workers) sets the limit and names it when grading ran into it."""
     import nbformat
 
+    from autograde.isolation import limits as isolation_limits
     from autograde.pipeline import execute, status
-    from autograde.runner import parallel
 
     noted, limits = [], []
     monkeypatch.setattr(status, "note_failure",
@@ -177,9 +177,9 @@ def test_a_memory_error_under_nbgrader_autograde_is_named(monkeypatch):
     with pytest.raises(MemoryError):
         pre.preprocess(nb, resources)
     assert limits == [1234]
-    assert noted == [parallel.memory_reason(1234)], noted
+    assert noted == [isolation_limits.memory_reason(1234)], noted
     assert noted[0].startswith("grader memory limit:") and "1234 MiB" in noted[0]
-    assert "no limit is set" in parallel.memory_reason(0)
+    assert "no limit is set" in isolation_limits.memory_reason(0)
 
 
 # ------------------------------------------------------------------ removed setting
