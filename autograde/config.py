@@ -34,7 +34,7 @@ class AutogradeSettings(Configurable):
     kernel_uid = Int(64123, help=(
         "First unprivileged uid of the grading kernels.  Every running kernel on the host has "
         "a uid of its own from kernel_uid .. kernel_uid + kernel_uid_count - 1, taken from a "
-        "pool of lock files shared by every grading command on the host (autograde/uids.py), "
+        "pool of lock files shared by every grading command on the host (autograde/isolation/uids.py), "
         "so that the process limit and the keyrings are one kernel's only.")).tag(config=True)
     kernel_uid_count = Int(256, help="Size of the host's pool of kernel uids (kernels that "
                                      "may run at once).").tag(config=True)
@@ -101,7 +101,7 @@ class AutogradeSettings(Configurable):
         "Share of an answer's own normalised k-grams (what the student wrote beyond the "
         "released template) found in a chip, the reference, an operator module, the lab's "
         "solution or another student's answer, from which the submission is listed with "
-        "status needs_review (autograde/similarity.py); 0 turns the check off.  The score is "
+        "status needs_review (autograde/runner/similarity.py); 0 turns the check off.  The score is "
         "never changed.")).tag(config=True)
     similarity_kgram = Int(8, help="Tokens per k-gram of the similarity check."
                            ).tag(config=True)
@@ -116,7 +116,7 @@ class AutogradeSettings(Configurable):
                           ).tag(config=True)
     gpu_per_kernel = Bool(True, help=(
         "In the GPU environment, give every kernel one of those GPUs, in turn by its slot in "
-        "the host's uid pool (autograde/gpus.py), so that a class spreads over the GPUs; "
+        "the host's uid pool (autograde/isolation/gpus.py), so that a class spreads over the GPUs; "
         "False: every kernel sees all of them.")).tag(config=True)
     extra_ro_paths = List(Unicode(), help="More host folders the kernel may read (for "
                                           "example a CUDA toolkit under /opt).").tag(config=True)

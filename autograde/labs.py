@@ -19,10 +19,11 @@ TIMEOUTS = {0: 60, 1: 60, 2: 60, 3: 60, 4: 120, 5: 240, 6: 240, 7: 180, 8: 240, 
 DEFAULT_TIMEOUT = 120
 
 # Whatever a graded function must not reach (dotted prefixes), on top of the in-kernel
-# ``forbid_references``: the operator package except its input makers and comparison helpers,
-# its registered operator, and the grading package itself.
+# ``forbid_references``: the operator package except its input makers, comparison helpers and
+# Triton shims (no answer in any of them), its registered operator, and the grading package
+# itself.
 FORBIDDEN = ("source_kernels", "torch.ops.source_kernels", "autograde")
-ALLOWED = ("source_kernels.inputs", "source_kernels.testing")
+ALLOWED = ("source_kernels.inputs", "source_kernels.testing", "source_kernels.triton_compat")
 
 
 def lab_number(assignment_id: str):
@@ -52,7 +53,7 @@ def forbidden_names(assignment_id: str, extra=(), allowed=()):
 
 # ---------------------------------------------------------------- the grading kernel's view
 # What the grading kernel of each lab may import or read of the course packages
-# (``autograde.view`` stages exactly this and the sandbox binds it instead of the packages).
+# (``autograde.isolation.view`` stages exactly this and the sandbox binds it instead of the packages).
 # "*": the whole module; a tuple: only those names and what they need (a chip that re-exports
 # the reference gets the few functions it re-exports, never the reference module);
 # "switch": ``source_kernels`` itself, reduced to its interpreter switch.
@@ -60,7 +61,8 @@ def forbidden_names(assignment_id: str, extra=(), allowed=()):
 # Never in any view: ``source_kernels.reference``, ``op``, ``validate``, ``traced``,
 # ``bench``, ``model``, the chips of the lab being graded, ``autograde.checks.diagnose``
 # (expected values and mistake models: the grader's replay only), and the rest of
-# ``autograde`` (verify, the gradebook and the report code).
+# ``autograde`` (its pipeline, isolation and runner layers: the verification, the gradebook,
+# the sandbox and the report code).
 KERNEL_COMMON = {
     # the interpreter switch, the input makers and the comparison helpers (the notebooks'
     # setup cells import them; they compute no answer)
@@ -68,12 +70,19 @@ KERNEL_COMMON = {
     "source_kernels.inputs": "*",
     "source_kernels.testing": "*",
     "source_kernels.chips": "*",            # its docstring only: no chip is imported by it
+    # Triton's internals, each behind one module (the launch counter of autograde.trust.recording,
+    # the guard of the checks and the operator's launcher reach Triton through them)
+    "source_kernels.triton_compat": "*",
     # what a hidden check runs in the kernel: it runs the student's functions on inputs from
     # a seed and records what they return (``judging()`` is False there, so none of these
     # computes an expected value in the kernel)
     "autograde": "*",
-    "autograde.codec": "*",
-    "autograde.recording": "*",
+    "autograde.check_api": "*",
+    "autograde.trust": "*",
+    "autograde.trust.codec": "*",
+    "autograde.trust.recording": "*",
+    "autograde.compat": "*",
+    "autograde.compat.triton_compat": "*",
     "autograde.checks": "*",
     "autograde.checks.common": "*",
 }

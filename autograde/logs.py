@@ -5,8 +5,8 @@ path, the message of an exception raised while grading it), and so may the cours
 as they are, a folder named with terminal escapes would move the cursor, redraw lines above
 or set the window title of whoever runs ``nbgrader autograde``.  ``escape_log_records()``
 makes every log record of the process carry its message (and the text of its exception)
-already escaped by :func:`autograde.status.printable`, newlines kept; it is installed by
-``autograde.nbgrader_setup.configure`` (so in every nbgrader command of the course) and by
+already escaped by :func:`autograde.pipeline.status.printable`, newlines kept; it is installed by
+``autograde.pipeline.nbgrader_setup.configure`` (so in every nbgrader command of the course) and by
 ``python -m autograde``.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def escaped(text, limit=_LIMIT, newlines=True) -> str:
     title or reach the clipboard; tabs become spaces, newlines too unless ``newlines``; at
     most ``limit`` characters.  The standard library only, so that the sandbox's launcher can
     use it without importing the grader's modules (a kernel that died is seen dead only once
-    its launcher has exited); :func:`autograde.status.printable` is this rule."""
+    its launcher has exited); :func:`autograde.pipeline.status.printable` is this rule."""
     import unicodedata
     out = []
     for ch in str(text):

@@ -51,7 +51,7 @@ def _run(args, cwd, check=True):
 
 def _scores(course, assignment):
     sys.path.insert(0, str(REPO))
-    from autograde.cli import report_rows
+    from autograde.runner.cli import report_rows
     return {r["student_id"]: (r.get("score"), r["status"])
             for r in report_rows(str(course), assignment)}
 

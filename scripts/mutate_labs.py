@@ -34,7 +34,7 @@ timing cells are left out (``LEFT_OUT``).  What is recorded:
   the injected-mistake tables (``tests/test_mistakes_*.py``), whose rows are a text edit of
   the reference and the words of the hint naming it; every row of the same check whose words
   the message holds is applied to the reference and run through the check in recording mode
-  (``autograde.recording``: what the student's functions returned, on the inputs the check
+  (``autograde.trust.recording``: what the student's functions returned, on the inputs the check
   built from its seed), beside the mutant; the hint is confirmed when one row's outputs equal
   the mutant's (``torch.allclose``, NaN equal to NaN), wrong when none does, and
   ``hint_unverified`` when no row of the tables holds its words;
@@ -345,7 +345,7 @@ def record_checks(lab: str, scope: dict, check_ids, seeds) -> dict:
     import contextlib
     import io
 
-    from autograde import recording
+    from autograde.trust import recording
 
     found = {}
     for check_id in check_ids:
@@ -373,7 +373,7 @@ def record_checks(lab: str, scope: dict, check_ids, seeds) -> dict:
 
 def same_records(a, b, atol=1e-5, rtol=1e-4) -> bool:
     """The two recordings hold the same calls with the same outputs (within tolerance)."""
-    from autograde import codec
+    from autograde.trust import codec
 
     if a.keys() != b.keys():
         return False

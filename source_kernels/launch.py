@@ -26,8 +26,8 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-from triton.runtime.jit import JITFunction
+from .triton_compat import NO_LAUNCH_HOOKS, JITFunction, active_driver, launcher_parts, \
+    runtime_knobs
 
 __all__ = ["launch", "bind", "BoundLaunch", "cdiv", "next_power_of_2", "interpreting",
            "hooks_active"]
@@ -82,8 +82,7 @@ def _hook_set(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-_KNOBS = getattr(triton, "knobs", None)
-_RUNTIME = _KNOBS.runtime if _KNOBS is not None else None
+_RUNTIME = runtime_knobs()
 _ORIGINAL_RUN = JITFunction.__dict__.get("run")
 _JIT_DICT = JITFunction.__dict__
 
@@ -114,7 +113,7 @@ class _Driver:
 
     @classmethod
     def load(cls):
-        driver = triton.runtime.driver.active
+        driver = active_driver()
         cls.current_device = driver.get_current_device
         cls.current_stream = driver.get_current_stream
 
@@ -153,8 +152,9 @@ def launch(kernel, grid, args, constexprs: dict, num_warps: int):
     compiled, tail = entry
     grid_y = grid[1] if len(grid) > 1 else 1
     grid_z = grid[2] if len(grid) > 2 else 1
-    compiled.run(grid[0], grid_y, grid_z, _Driver.current_stream(device), compiled.function,
-                 compiled.packed_metadata, None, None, None, *args, *tail)
+    run, function, metadata = launcher_parts(compiled)
+    run(grid[0], grid_y, grid_z, _Driver.current_stream(device), function, metadata,
+        *NO_LAUNCH_HOOKS, *args, *tail)
 
 
 class BoundLaunch:
@@ -169,9 +169,7 @@ class BoundLaunch:
     __slots__ = ("run", "function", "metadata", "grid", "tail", "device", "kernel")
 
     def __init__(self, compiled, kernel, grid, ints, tail, device):
-        self.run = compiled.run
-        self.function = compiled.function
-        self.metadata = compiled.packed_metadata
+        self.run, self.function, self.metadata = launcher_parts(compiled)
         grid = tuple(grid) + (1, 1)
         self.grid = grid[:3]
         self.tail = tuple(ints) + tuple(tail)

@@ -22,11 +22,8 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
-
 from . import backward, forward, tiled
+from .triton_compat import ASTSource, GPUTarget, JITFunction, cuobjdump_path
 
 __all__ = ["compile_ptx", "atomic_instructions", "atomic_summary", "main", "TILED_DEFAULT",
            "compile_candidate", "resource_usage"]
@@ -175,8 +172,7 @@ def resource_usage(compiled) -> dict:
     """Registers per thread, stack bytes (spills land there) and static shared memory of a
     compiled kernel, read from its cubin with the cuobjdump that Triton ships."""
     import tempfile
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
+    tool = cuobjdump_path()
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(compiled.asm["cubin"])
         handle.flush()

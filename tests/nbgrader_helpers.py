@@ -54,8 +54,8 @@ def nbgrader_env() -> dict:
 @functools.lru_cache(maxsize=None)
 def grading_sandbox() -> tuple:
     """``(True, "")`` where grading kernels can be sandboxed on this host (root and bubblewrap),
-    else ``(False, why)``: ``autograde.sandbox.sandbox_available``, asked once per run."""
-    from autograde.sandbox import sandbox_available
+    else ``(False, why)``: ``autograde.isolation.sandbox.sandbox_available``, asked once per run."""
+    from autograde.isolation.sandbox import sandbox_available
 
     return sandbox_available()
 
@@ -363,7 +363,7 @@ def autograde_scores(lab: str, notebook_path, course_dir, student=SOLUTION_STUDE
 
 
 # ---------------------------------------------------------------------------- kernel uids
-# A grading kernel runs as a uid of the host-wide pool (autograde/uids.py), which every grading
+# A grading kernel runs as a uid of the host-wide pool (autograde/isolation/uids.py), which every grading
 # command on the host shares: a test checks the uids and processes of its own run only.
 POOL_BASE = 64123      # AutogradeSettings.kernel_uid's default
 POOL_COUNT = 256       # AutogradeSettings.kernel_uid_count's default

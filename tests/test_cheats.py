@@ -406,7 +406,7 @@ def reports(tmp_path_factory):
                                "2", "--no-progress"], cwd=course, env=env, capture_output=True,
                               text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        from autograde.cli import report_rows
+        from autograde.runner.cli import report_rows
         out[lab] = {r["student_id"]: r for r in report_rows(str(course), lab)}
         for student, row in sorted(out[lab].items()):       # shown with pytest -s
             reasons = [r for r in row["reasons"].split("; ")

@@ -187,7 +187,7 @@ def test_a_visible_check_refuses_a_chip_of_its_own_lab_before_grading():
 def test_the_graders_scan_allows_the_same_chips():
     """The names the check lets through reach the grader's static scan (the recorded
     session's ``allow``), so a submission built on an allowed chip is not marked forbidden."""
-    from autograde import scan
+    from autograde.pipeline import scan
 
     cells = [("from source_kernels.chips.lab07 import grad_value\n", False),
              ("def lost_updates(*a):\n    return grad_value(*a)\n", True),
@@ -232,3 +232,16 @@ def test_lab05_lists_what_the_student_writes():
     for item, cell in zip(items, answers):
         defined = re.findall(r"^def (\w+)", "".join(cell["source"]), flags=re.M)
         assert defined and all(f"`{name}`" in item for name in defined), (item, defined)
+
+
+def test_the_scan_and_the_runtime_trap_allow_the_same_modules():
+    """The modules every lab may use are written twice (ARCHITECTURE.md, "three mechanisms"):
+    for the grader's static scan (``labs.ALLOWED``) and for ``forbid_references`` in the kernel
+    (``common.ALLOWED_MODULES``, which cannot import ``autograde.labs`` there); they agree, and
+    both agree with what the course's call rule hands the scan."""
+    from autograde.checks import call_rule
+    assert tuple(labs.ALLOWED) == tuple(common.ALLOWED_MODULES)
+    _, allowed = labs.forbidden_names("lab05_forward_correct")
+    names, _ = call_rule(5)
+    assert set(allowed) == set(common.ALLOWED_MODULES)
+    assert set(names) == set(common.chips_allowed(5)) and names

@@ -269,8 +269,8 @@ def test_template_words_pending_parts_late_penalty_and_comments():
     over nbgrader's own (which the formgrader forces on HTMLExporter)."""
     from traitlets.config import Config
 
-    from autograde.feedback import BY_HAND, ON_A_GPU, PENDING_TOTAL, CourseFeedbackExporter
-    from autograde.nbgrader_setup import configure
+    from autograde.pipeline.feedback import BY_HAND, ON_A_GPU, PENDING_TOTAL, CourseFeedbackExporter
+    from autograde.pipeline.nbgrader_setup import configure
 
     def cell(kind, source, **meta):
         made = (nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell)(
@@ -315,10 +315,10 @@ def test_template_words_pending_parts_late_penalty_and_comments():
 
 
 def test_pending_means_no_score_at_all():
-    """Which gradebook grades are pending, and why (``autograde.feedback.pending_reason``)."""
+    """Which gradebook grades are pending, and why (``autograde.pipeline.feedback.pending_reason``)."""
     from types import SimpleNamespace
 
-    from autograde.feedback import BY_HAND, ON_A_GPU, pending_reason
+    from autograde.pipeline.feedback import BY_HAND, ON_A_GPU, pending_reason
 
     def cell(kind, verdict=None, **meta):
         made = (nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell)()

@@ -115,7 +115,7 @@ def _generator():
 
 
 def _report(course):
-    from autograde.cli import report_rows
+    from autograde.runner.cli import report_rows
     rows = report_rows(str(course), ASSIGNMENT)
     return {r["student_id"]: r for r in rows}
 
@@ -392,10 +392,10 @@ def test_a_real_lab_through_the_course_configuration(tmp_path):
         nbformat.write(nb, folder / f"{LAB01}.ipynb")
     _run([VENV_BIN / "python", "-m", "autograde", "grade", LAB01, "--workers", "2",
           "--no-progress"], cwd=course, timeout=1200)
-    from autograde.cli import report_rows
+    from autograde.runner.cli import report_rows
     rows = {r["student_id"]: r for r in report_rows(str(course), LAB01)}
     # the source notebook handed in as a submission is the lab's solution: full marks, and the
-    # similarity check lists it for review (autograde/similarity.py)
+    # similarity check lists it for review (autograde/runner/similarity.py)
     assert (float(rows["solution"]["score"]), rows["solution"]["status"]) == \
         (10.0, "needs_review")
     assert "similarity check: lab01_the_spec/lab01_msda_naive: similarity 100 % to the lab's " \
@@ -416,7 +416,7 @@ def test_a_real_lab_through_the_course_configuration(tmp_path):
 def test_sandbox_probe_reports_no_network_no_course_files(tmp_path):
     _sandbox_or_skip()
     from autograde.config import AutogradeSettings
-    from autograde.probe import probe
+    from autograde.runner.probe import probe
     course = tmp_path / "course"
     shutil.copytree(FIXTURE, course)
     (course / "gradebook.db").write_text("x")
@@ -439,7 +439,7 @@ def test_probe_command_prints_every_key_whole(monkeypatch, capsys):
     with terminal escapes escaped."""
     import types
 
-    from autograde import cli, probe
+    from autograde.runner import cli, probe
     findings = {"sandbox": "bwrap", "torch.cuda.is_available()": True,
                 "\x1b[2Jkey": "value\x07"}
     monkeypatch.setattr(probe, "probe", lambda root, settings: findings)
@@ -456,7 +456,7 @@ def test_replay_decides_out_of_the_kernel():
     in the 'kernel' does not survive the replay."""
     import math
 
-    from autograde import recording
+    from autograde.trust import recording
     sys.path.insert(0, str(FIXTURE / "checks"))
     try:
         from fixture_checks import labfx
@@ -511,7 +511,7 @@ def test_replay_decides_out_of_the_kernel():
 def test_codec_round_trips_and_refuses_what_it_did_not_write():
     import torch
 
-    from autograde import codec
+    from autograde.trust import codec
     value = {"t": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(2).bfloat16(),
              "l": [1, 2.5, float("nan"), None, "s", (True,)], 7: torch.tensor([True, False])}
     back = codec.decode(json.loads(json.dumps(codec.encode(value))))
@@ -532,7 +532,7 @@ def math_isnan(x):
 
 def test_static_scan_follows_aliases_copies_and_strings():
     from autograde import labs
-    from autograde.scan import tainted_names
+    from autograde.pipeline.scan import tainted_names
     forbidden, allowed = labs.forbidden_names("lab01_the_spec")
     cells = [
         ("import source_kernels\nfrom source_kernels import reference\nimport torch", False),

@@ -105,7 +105,7 @@ def _ledgers(course):
 
 
 def _report(course):
-    from autograde.cli import report_rows
+    from autograde.runner.cli import report_rows
     return {r["student_id"]: r for r in report_rows(str(course), ASSIGNMENT)}
 
 
@@ -317,7 +317,7 @@ def test_limits_are_named_in_the_report_and_the_export(two_commands):
 
 def test_copies_are_listed_for_review_and_honest_answers_are_not(two_commands):
     b = _report(two_commands["b"])
-    # Short answers are compared too (autograde/similarity.py): the synthetic students hand in
+    # Short answers are compared too (autograde/runner/similarity.py): the synthetic students hand in
     # the solution's own text for the cells they do not vary (corner_weights, scale: 3 and 5
     # statements, once below the old minimum of 8), so those cells are listed "to the lab's
     # solution" for every one of them; what this test pins is which pairs are listed for the
@@ -409,7 +409,7 @@ async def _sandboxed_kernel(code, extra_startup="", uid=64910):
     run ``code``; returns (what close_socket_dir found, the cell's stdout, the folder's
     entries and the size of any spill file afterwards)."""
     from autograde.config import AutogradeSettings
-    from autograde.kernel import KernelSetup
+    from autograde.isolation.kernel import KernelSetup
 
     settings = AutogradeSettings(kernel_uid=uid, kernel_uid_count=4)
     setup = KernelSetup(mode="bwrap", environment="cpu", settings=settings, seed="ab" * 16,
@@ -495,7 +495,7 @@ def test_without_a_sandbox_the_console_says_so(released, tmp_path):
 
 
 def test_a_required_sandbox_says_how_to_get_it(monkeypatch):
-    from autograde import execute
+    from autograde.pipeline import execute
     from autograde.config import AutogradeSettings
     settings = AutogradeSettings()
     assert settings.sandbox_required is sys.platform.startswith("linux")
@@ -606,9 +606,9 @@ def test_similarity_on_a_real_lab(tmp_path):
     """Lab 01's naive MSDA: three answers written independently stay well under the
     threshold (against the solution, the course's modules and each other); the reference
     pasted in disguise and the solution itself are listed."""
-    from autograde import similarity
+    from autograde.runner import similarity
     from autograde.config import AutogradeSettings
-    from autograde.parallel import _coursedir, _load_config
+    from autograde.runner.parallel import _coursedir, _load_config
     course = tmp_path / "course"
     (course / "assignments").mkdir(parents=True)
     shutil.copy(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
@@ -649,7 +649,7 @@ def test_similarity_on_a_real_lab(tmp_path):
               r["cell"].endswith("lab01_msda_naive") and
               r["source"] not in ("pasted_reference", "solution")]
     assert max(honest, default=0) < threshold - 0.15, record
-    from autograde.cli import report_rows
+    from autograde.runner.cli import report_rows
     rows = {r["student_id"]: r for r in report_rows(str(course), LAB01)}
     assert re.search(r"similarity check: lab01_the_spec/lab01_msda_naive: similarity (9\d|100) %",
                      rows["pasted_reference"]["reasons"]), rows["pasted_reference"]
@@ -657,7 +657,7 @@ def test_similarity_on_a_real_lab(tmp_path):
 
 
 def test_similarity_ignores_renaming_reordering_comments_and_the_template():
-    from autograde.similarity import kgrams, own_statements
+    from autograde.runner.similarity import kgrams, own_statements
     a = "def f(x, y):\n    s = x + y  # sum\n    d = x - y\n    return s * d * 2.5\n"
     b = "def g(p, q):\n    '''doc'''\n    diff = p - q\n    total = p + q\n" \
         "    return total * diff * 2.5   # product\n"
@@ -672,10 +672,10 @@ def test_similarity_ignores_renaming_reordering_comments_and_the_template():
 def test_gpu_kernels_take_the_hosts_gpus_in_turn():
     """The assignment logic, on any host: kernels running together get the GPUs in turn by
     their slot in the uid pool.  On a 2-GPU host the same shows in the ledgers (see
-    autograde/gpus.py and the report)."""
-    from autograde import gpus
+    autograde/isolation/gpus.py and the report)."""
+    from autograde.isolation import gpus
     from autograde.config import AutogradeSettings
-    from autograde.kernel import KernelSetup
+    from autograde.isolation.kernel import KernelSetup
     assert gpus.host_gpus("", {"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
     assert gpus.host_gpus("0,1", {"CUDA_VISIBLE_DEVICES": "5"}) == ["0", "1"]
     assert [gpus.for_kernel(s, ["0", "1"]) for s in range(5)] == ["0", "1", "0", "1", "0"]

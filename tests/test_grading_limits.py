@@ -17,7 +17,7 @@ import torch
 def _record_and_replay(check, fn, secret="nested"):
     """Run ``check(fn)`` as the grading kernel does (recording), then as the grader replays
     it; returns (what the kernel side raised, what the replay raised), None where nothing."""
-    from autograde import recording
+    from autograde.trust import recording
 
     recording._mode, recording._base_seed, recording._counter = "record", secret, 0
     recording._events = []
@@ -85,7 +85,7 @@ def _zeroing(kind):
 @pytest.mark.parametrize("kind,named", [("list", "arg[1]"), ("dict", "arg['levels'][1]"),
                                         ("namedtuple", "arg[0][1]")])
 def test_a_write_into_a_nested_tensor_is_the_named_mistake(kind, named):
-    from autograde import recording
+    from autograde.trust import recording
 
     check = _check_nested(kind)
     assert _record_and_replay(check, _honest(kind))[:2] == (None, None)
@@ -107,7 +107,7 @@ def test_a_write_into_a_nested_tensor_is_the_named_mistake(kind, named):
 
 
 def test_a_forged_nested_key_cannot_write_into_the_message():
-    from autograde import recording
+    from autograde.trust import recording
 
     assert recording.nested_name("levels", [1, "weights"]) == "levels[1]['weights']"
     shown = recording.nested_name("levels", ["\x1b[2J", 10 ** 9, True, None, 0, 1, 2])
@@ -116,7 +116,7 @@ def test_a_forged_nested_key_cannot_write_into_the_message():
 
 def test_the_containers_handed_over_are_new_ones():
     """An append to the list it was given does not reach the check's list either."""
-    from autograde import recording
+    from autograde.trust import recording
 
     levels = [torch.ones(2), torch.ones(2)]
     watched = []
@@ -131,10 +131,10 @@ def test_the_containers_handed_over_are_new_ones():
 def test_the_grader_memory_limit_is_set_once_in_the_process():
     code = textwrap.dedent("""
         import resource
-        from autograde import parallel
-        parallel.limit_grader_memory(300)
+        from autograde.isolation import limits
+        limits.limit_grader_memory(300)
         first = resource.getrlimit(resource.RLIMIT_DATA)
-        parallel.limit_grader_memory(900)          # a second call never loosens it
+        limits.limit_grader_memory(900)          # a second call never loosens it
         second = resource.getrlimit(resource.RLIMIT_DATA)
         try:
             block = bytearray(600 * 2 ** 20)
@@ -154,7 +154,8 @@ def test_a_memory_error_under_nbgrader_autograde_is_named(monkeypatch):
     command's workers) sets the limit and names it when grading ran into it."""
     import nbformat
 
-    from autograde import execute, parallel, status
+    from autograde.isolation import limits as isolation_limits
+    from autograde.pipeline import execute, status
 
     noted, limits = [], []
     monkeypatch.setattr(status, "note_failure",
@@ -176,14 +177,14 @@ def test_a_memory_error_under_nbgrader_autograde_is_named(monkeypatch):
     with pytest.raises(MemoryError):
         pre.preprocess(nb, resources)
     assert limits == [1234]
-    assert noted == [parallel.memory_reason(1234)], noted
+    assert noted == [isolation_limits.memory_reason(1234)], noted
     assert noted[0].startswith("grader memory limit:") and "1234 MiB" in noted[0]
-    assert "no limit is set" in parallel.memory_reason(0)
+    assert "no limit is set" in isolation_limits.memory_reason(0)
 
 
 # ------------------------------------------------------------------ removed setting
 def test_a_config_that_still_sets_similarity_min_statements_loads():
-    """The setting is gone (short answers are compared too, autograde/similarity.py); a
+    """The setting is gone (short answers are compared too, autograde/runner/similarity.py); a
     configuration written before still loads, with traitlets' warning naming the key."""
     from traitlets.config import Config
 
@@ -201,7 +202,7 @@ def test_a_descriptor_into_the_socket_folder_is_found(tmp_path):
     """The grader's check after it closes the kernel's socket folder: a process of the
     kernel's uid that still holds a file there (opened before the folder was taken back) is
     named, and so is a file in it that is not a socket."""
-    from autograde import kernel
+    from autograde.isolation import kernel
 
     folder = tmp_path / "ipc"
     folder.mkdir()
@@ -263,7 +264,7 @@ def test_log_records_reach_the_terminal_escaped():
 
 
 def test_the_sandbox_launcher_reports_a_kernels_output_escaped():
-    from autograde.sandbox import exit_message
+    from autograde.isolation.sandbox import exit_message
 
     text = exit_message(3, ("Traceback\n" + CONTROLS).encode())
     assert not _has_control(text), repr(text)
@@ -277,7 +278,7 @@ def test_a_kernel_that_keeps_a_way_into_its_socket_folder_runs_no_cell(monkeypat
     stopped, and grading says why (named: socket folder limit)."""
     import asyncio
 
-    from autograde import execute
+    from autograde.pipeline import execute
     from autograde.config import AutogradeSettings
 
     events = []
@@ -322,12 +323,12 @@ def test_the_launchers_escaping_is_the_reports():
     """The launcher's stdlib copy of the escaping rule writes what ``status.printable`` does
     (newlines kept), and importing it loads none of the grader's heavier modules."""
     from autograde.logs import escaped
-    from autograde.status import printable
+    from autograde.pipeline.status import printable
 
     sample = "a\tb\nc" + CONTROLS + "\u202e\u2028\U0001f600\ud800"
     assert escaped(sample) == printable(sample, limit=10 ** 6, newlines=True)
-    code = ("import sys; import autograde.logs; from autograde.sandbox import exit_message; "
-            "exit_message(1, b'x'); print(sorted(m for m in ('nbformat', 'autograde.status', "
+    code = ("import sys; import autograde.logs; from autograde.isolation.sandbox import exit_message; "
+            "exit_message(1, b'x'); print(sorted(m for m in ('nbformat', 'autograde.pipeline.status', "
             "'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)

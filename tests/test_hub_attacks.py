@@ -354,7 +354,7 @@ def test_chown_tree_follows_no_link():
 
 def test_safe_copy_takes_regular_files_of_the_student_only():
     _require_root()
-    from autograde.exchange import safe_copy
+    from autograde.runner.exchange import safe_copy
     nobody = pwd.getpwnam("nobody")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

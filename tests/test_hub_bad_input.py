@@ -55,7 +55,7 @@ def test_resubmission_late_submission_and_deleted_notebook():
         student.submit()
         history = student.assignments()[(LAB, "submitted")]["submissions"]
         assert len(history) == 2, history
-        # the student's own inbound folder (autograde/exchange.py)
+        # the student's own inbound folder (autograde/runner/exchange.py)
         inbound = hub.state / "exchange" / hh.COURSE_ID / "inbound" / twice
         assert len([p for p in inbound.iterdir() if p.name.startswith(f"{twice}+")]) == 2
         later = max(s["timestamp"] for s in history)

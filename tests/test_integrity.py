@@ -2,7 +2,7 @@
 notebook's source, and what the grader prints.
 
 Each attack here is one of issue 30's, reproduced in this process the way the grading kernel
-records a check and the grader replays it (``autograde.recording``): the solution's cells run
+records a check and the grader replays it (``autograde.trust.recording``): the solution's cells run
 in a module, one answer replaced by the attack; the check runs recording, then the grader
 replays it against the record.
 """
@@ -90,7 +90,7 @@ def _namespace(lab, replace):
 def _record_and_replay(check, functions, secret="integrity"):
     """Run ``check`` as the grading kernel runs it (recording), then as the grader replays it;
     returns (what the kernel side raised or None, what the replay raised or None)."""
-    from autograde import recording
+    from autograde.trust import recording
 
     recording._mode, recording._base_seed, recording._counter = "record", secret, 0
     recording._events = []
@@ -121,7 +121,7 @@ def test_lab05_kernel_that_zeroes_its_inputs_fails(check_name, grade_id, source,
     expectation was computed from.  The function now runs on private copies (or, a Triton
     kernel, on inputs restored after it), the call fails as that mistake in the kernel, and
     the replay fails it too even when the kernel sends the same record without failing."""
-    from autograde import recording
+    from autograde.trust import recording
     from autograde.checks import lab05
 
     namespace = _namespace(LAB05, {grade_id: source})
@@ -158,7 +158,7 @@ def test_honest_lab05_kernel_still_passes_record_and_replay():
 
 
 def test_private_copy_keeps_strides_and_leaves():
-    from autograde import recording
+    from autograde.trust import recording
 
     base = torch.randn(4, 6, 2)
     strided = torch.stack([base] * 2, -1)[..., 1]                  # gaps between elements
@@ -175,7 +175,7 @@ def test_private_copy_keeps_strides_and_leaves():
 def test_python_function_gets_private_copies_and_a_write_is_named():
     """A Python function writing into an input: the check's tensor is untouched, the call
     fails naming the argument, in the kernel and in the replay."""
-    from autograde import recording
+    from autograde.trust import recording
     from autograde.checks.common import forbid_references, fresh_generator, judging
 
     def check(fn):
@@ -209,16 +209,17 @@ def test_static_scan_never_imports_what_a_string_names():
     the grader (which exited, and the students after the attacker went ungraded).  The scan
     resolves re-exports from the packages' source files; and ``python -m autograde`` alone
     runs the command line (the module has a main guard)."""
-    from autograde import labs, scan
+    from autograde import labs
+    from autograde.pipeline import scan
 
     forbidden, allowed = labs.forbidden_names("lab05_forward_correct")
     before = set(sys.modules)
     cells = [("import torch", False),
-             ('def msda_forward(*a):\n    return "autograde.__main__", "autograde.cli", '
+             ('def msda_forward(*a):\n    return "autograde.__main__", "autograde.runner.cli", '
               '"source_kernels.bench", "source_kernels.chips.lab05.msda_forward"', True)]
     tainted = scan.tainted_names(cells, forbidden, allowed + ("source_kernels.forward",))
     assert "msda_forward" in tainted
-    assert not {"autograde.__main__", "autograde.cli", "source_kernels.bench"} & \
+    assert not {"autograde.__main__", "autograde.runner.cli", "source_kernels.bench"} & \
         (set(sys.modules) - before)
     # a re-export of an allowed module is found from the source alone
     assert scan._defining_module("source_kernels.chips.lab05.msda_forward") == \
@@ -294,7 +295,8 @@ def test_honest_solutions_bring_in_no_foreign_code(lab):
     """Every lab's own solution passes the static rule (the lab 07 rule included)."""
     from nbgrader import utils
 
-    from autograde import labs, scan
+    from autograde import labs
+    from autograde.pipeline import scan
     nb = nbformat.read(source_notebook(lab), as_version=4)
     cells = [(c.source, not utils.is_locked(c), "cell") for c in nb.cells
              if c.cell_type == "code"]
@@ -311,7 +313,8 @@ def test_honest_solutions_bring_in_no_foreign_code(lab):
      "grad_attention_weights", "threading"),
 ])
 def test_foreign_code_is_found_in_the_notebook_source(lab, grade_id, source, name, what):
-    from autograde import labs, scan
+    from autograde import labs
+    from autograde.pipeline import scan
 
     names, from_cell = scan.foreign_code(_lab_cells(lab, grade_id, source),
                                          by_hand=labs.by_hand(lab))
@@ -325,7 +328,7 @@ def test_foreign_code_is_found_in_the_notebook_source(lab, grade_id, source, nam
 
 
 def test_a_bare_exec_makes_every_later_stage_suspect():
-    from autograde import scan
+    from autograde.pipeline import scan
 
     names, from_cell = scan.foreign_code(_lab_cells("lab01_the_spec", "lab01_msda_naive",
                                                     EXEC_COMPRESSED))
@@ -334,7 +337,7 @@ def test_a_bare_exec_makes_every_later_stage_suspect():
 
 
 def test_lab07_autograd_is_named_even_without_threads():
-    from autograde import scan
+    from autograde.pipeline import scan
 
     source = ("import torch\n_g = [torch.autograd.grad]\n\ndef grad_value(*a):\n"
               "    return _g[0](*a)\n")
@@ -353,7 +356,8 @@ def test_reasons_and_report_rows_carry_no_control_characters():
     written out, never as escapes."""
     import io
 
-    from autograde import cli, status
+    from autograde.runner import cli
+    from autograde.pipeline import status
     entry = {"state": "done", "notebooks": {"lab01": {"verdicts": {
         "lab01_hidden": {"verdict": "needs_review",
                          "message": "the grader's replay failed: " + ESCAPES + "10/10 graded"}},
@@ -375,7 +379,7 @@ def test_reasons_and_report_rows_carry_no_control_characters():
 def test_verify_messages_are_escaped_where_they_are_made():
     """The verdict a cell gets (kept in the notebook, the ledger and the feedback page) goes
     through the same escaping, newlines kept."""
-    from autograde import status
+    from autograde.pipeline import status
     message = status.printable("line 1\nline 2" + ESCAPES, limit=3000, newlines=True)
     assert message.startswith("line 1\nline 2\\x1b[2J") and "\x1b" not in message
 
@@ -389,7 +393,7 @@ def test_output_deadline_is_the_cells_limit_and_short_only_after_a_real_timeout(
 
     from nbclient import NotebookClient
     from autograde.config import AutogradeSettings
-    from autograde.execute import SandboxedExecute
+    from autograde.pipeline.execute import SandboxedExecute
     ex = SandboxedExecute()
     ex._settings = AutogradeSettings()
     ex.timeout = 240
@@ -411,7 +415,7 @@ def test_output_deadline_is_the_cells_limit_and_short_only_after_a_real_timeout(
 def test_one_import_statement_taints_only_the_modules_it_flags():
     """``import base64, marshal, math`` in a cheat's cell flags marshal, not math: the honest
     functions of other stages that use math are not sent to review with it."""
-    from autograde import scan
+    from autograde.pipeline import scan
 
     cells = [("import math\n\ndef corner(x):\n    return math.floor(x)\n", True, "cell a"),
              ("import base64, marshal, math\n_code = marshal.loads(b'')\n\n"
@@ -424,7 +428,7 @@ def test_one_import_statement_taints_only_the_modules_it_flags():
 def test_processes_started_at_top_level_are_left_to_the_limits():
     """A top-level statement that starts processes (a submission holding its process limit)
     sends nothing to review; a graded function that uses a thread does."""
-    from autograde import scan
+    from autograde.pipeline import scan
 
     hold = ("import subprocess, time\nchildren = []\ntry:\n    while True:\n"
             "        children.append(subprocess.Popen(['sleep', '120']))\n"

@@ -137,7 +137,7 @@ def graded(tmp_path_factory):
         for hog in hogs:
             hog.wait()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    from autograde.cli import report_rows
+    from autograde.runner.cli import report_rows
     rows = {r["student_id"]: r for r in report_rows(str(course), ASSIGNMENT)}
     ledgers = {p.stem: json.loads(p.read_text())
                for p in (course / "autograde_status" / ASSIGNMENT).glob("*.json")

@@ -168,14 +168,14 @@ def test_lab04_check_reports_an_unmasked_kernel_instead_of_crashing():
                                  "lab04_hello_triton"])
 def test_checks_replay_out_of_the_kernel(lab):
     """Every graded cell (the visible ones with their seed, the hidden ones) holds check calls
-    that the grader finds in the cell itself (autograde.verify.check_calls: a visible cell
+    that the grader finds in the cell itself (autograde.pipeline.verify.check_calls: a visible cell
     whose calls it cannot see would be scored in the kernel, unjudged), and each call,
     recorded as the grading kernel records it, replays in the grader's process with the
     solution's functions replaced by the record and uses every recorded call."""
     import importlib
 
-    from autograde import recording
-    from autograde.verify import check_calls
+    from autograde.trust import recording
+    from autograde.pipeline.verify import check_calls
     import test_mistakes_forward as lab_cells
 
     scope = lab_cells.namespace(lab)
@@ -212,8 +212,8 @@ def test_replay_judges_a_visible_check_the_kernel_did_not(lab, cell_id, old, new
     replay of a wrong function's record fails, so the visible point is not given away."""
     import importlib
 
-    from autograde import recording
-    from autograde.verify import check_calls
+    from autograde.trust import recording
+    from autograde.pipeline.verify import check_calls
     import test_mistakes_forward as lab_cells
 
     scope = lab_cells.namespace(lab, cell_id, [(old, new)])

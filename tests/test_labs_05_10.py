@@ -101,7 +101,7 @@ WRONG = {
         "lab07_check_grad_loc", "lab07_hidden_grad_loc"}),
     # (the grad_value and half-precision checks fail; the visible checks of grad_attn and
     # grad_loc pass but call the same msda_backward_kernel, whose hidden checks failed: the
-    # grading pipeline does not count them, autograde/verify.py)
+    # grading pipeline does not count them, autograde/pipeline/verify/)
     "lab08_concurrent_writes": ("lab08_backward_kernel", _non_atomic, {
         "lab08_check_backward_value", "lab08_hidden_backward_value",
         "lab08_check_backward_half", "lab08_hidden_backward_half",
@@ -110,7 +110,7 @@ WRONG = {
         "lab09_check_atomic_strategy", "lab09_hidden_atomic_strategy"}),
     # (the operator's visible check calls msda_operator, whose hidden check of the validation
     # fails: the grading pipeline does not count a visible check of a function that failed a
-    # hidden one, autograde/verify.py)
+    # hidden one, autograde/pipeline/verify/)
     "lab10_ship_it": ("lab10_validate", _no_validation, {
         "lab10_check_validate", "lab10_hidden_validate", "lab10_hidden_operator_validates",
         "lab10_check_operator"}),
@@ -337,8 +337,8 @@ def test_hidden_cells_only_call_a_check(lab):
 
 def test_lab05_every_graded_cell_is_a_check_call_the_grader_finds():
     """Lab 05's visible cells, like its hidden ones, hold check calls that the grader finds in
-    the cell itself and replays (autograde.verify.check_calls); no inline assert."""
-    from autograde.verify import check_calls
+    the cell itself and replays (autograde.pipeline.verify.check_calls); no inline assert."""
+    from autograde.pipeline.verify import check_calls
 
     nb = nbformat.read(source_notebook("lab05_forward_correct"), as_version=4)
     graded = [c for c in nb.cells if nbgrader_meta(c).get("grade")]
@@ -439,7 +439,7 @@ def test_hidden_checks_replay_out_of_the_kernel(lab):
     """Each hidden check, recorded as the grading kernel records it, replays in the grader's
     process with the solution's functions replaced by the record; a record with a tampered
     tensor (a result, or an output a kernel wrote) fails the replay."""
-    from autograde import recording
+    from autograde.trust import recording
 
     namespace, calls = _solution_namespace(lab)
     module = importlib.import_module(f"autograde.checks.{lab[:5]}")

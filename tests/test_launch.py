@@ -45,7 +45,7 @@ def test_cached_path_is_taken_unless_a_launch_is_watched():
     """No hook and an unpatched JITFunction.run: the cached path is open.  A launch hook
     or a patched run (the grader's launch counter) closes it."""
     import triton
-    from autograde.recording import watch_kernel_launches
+    from autograde.trust.recording import watch_kernel_launches
     assert not launch_module._hooks_active(), "the cached path is closed with nothing set"
     chain = triton.knobs.runtime.launch_enter_hook
 
@@ -92,7 +92,7 @@ def test_gpu_cached_launch_matches_tritons_launch(dtype, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_launch_counters_still_see_every_launch():
     """A patched ``JITFunction.run`` (the grader's launch counter) is never bypassed."""
-    from autograde.recording import watch_kernel_launches
+    from autograde.trust.recording import watch_kernel_launches
     from source_kernels.forward import msda_forward
     args = make_inputs(1, 8, 2, 8, [[4, 4]], 2, device="cuda")
     ordered = [args[k] for k in ARG_NAMES]
@@ -380,7 +380,7 @@ def test_gpu_bound_launches_match_tritons_launch(dtype, monkeypatch):
 def test_launch_counters_see_the_operators_launches():
     """The grader's launch counter (a patched JITFunction.run) sees every launch of the
     operator's eager path too: a bound launch steps aside while it is installed."""
-    from autograde.recording import watch_kernel_launches
+    from autograde.trust.recording import watch_kernel_launches
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args = make_inputs(1, 8, 2, 8, [[4, 4]], 2, device=device, requires_grad=True)
     source_kernels.multi_scale_deformable_attn(**args).sum().backward()   # binds both

@@ -433,7 +433,7 @@ def test_solution_passes_the_visible_checks(lab):
                          ids=[row[0] for row in AUTOGRAD])
 def test_autograd_submission_fails_visible_and_hidden_checks(mistake, cell, body, check,
                                                              check_cell):
-    from autograde import recording
+    from autograde.trust import recording
     from autograde.checks import lab07
 
     source = _inject(_cells(LAB07)[cell].source, [(BODIES[cell], body.strip("\n"))])
@@ -555,7 +555,7 @@ def test_gradcheck_cell_passes_the_solution():
 def test_hidden_check_catches_int32_offsets(edit, check):
     """The hidden check as the grading kernel runs it (recording, the grader's seed) and the
     grader replays it: the int32 offset fails there too."""
-    from autograde import recording
+    from autograde.trust import recording
     from autograde.checks import lab08
 
     namespace = _with_solution(LAB08, BACKWARD, _inject(_cells(LAB08)[BACKWARD].source, [edit]))

@@ -524,7 +524,7 @@ def test_demo_cells_that_run_student_code_are_guarded():
 def test_hidden_check_catches_the_int32_row_index_in_the_replay():
     """The hidden check of the kernel's int64 rows judges in the grader's process, from what
     the recorded launch wrote into out (the guard's int32 report stays in the kernel)."""
-    from autograde import recording
+    from autograde.trust import recording
     from autograde.checks import lab05
 
     scope = namespace(L05, "lab05_kernel", [("row_bqm = (b.to(tl.int64) * Q + offs_q) * M + m",

@@ -427,7 +427,7 @@ def test_every_visible_check_passes_on_the_solution(lab):
 def test_visible_checks_replay_out_of_the_kernel(lab):
     """Each visible check, recorded as the grading kernel records it, replays in the grader's
     process with the solution's functions replaced by the record."""
-    from autograde import recording
+    from autograde.trust import recording
 
     namespace = _namespace(lab, None)
     module = importlib.import_module(f"autograde.checks.{lab}")

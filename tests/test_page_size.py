@@ -1,10 +1,10 @@
-"""autograde.page_size: formulas become MathML, code and prices stay as they are, and the
+"""autograde.pipeline.page_size: formulas become MathML, code and prices stay as they are, and the
 stylesheet keeps exactly the rules a page can use."""
 from __future__ import annotations
 
 import pytest
 
-from autograde.page_size import math_to_tokens, prune_css, put_back_math
+from autograde.pipeline.page_size import math_to_tokens, prune_css, put_back_math
 
 
 @pytest.mark.parametrize("source, formulas", [

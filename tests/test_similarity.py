@@ -1,11 +1,11 @@
-"""The similarity check (autograde/similarity.py) on its corpus, tests/fixtures/similarity:
+"""The similarity check (autograde/runner/similarity.py) on its corpus, tests/fixtures/similarity:
 
 - every answer of the corpus, honest or copied, is correct: it passes the lab's own visible
   and hidden checks (run in-process after the lab's setup and given cells, the answer in
   place of the solution's cell);
 - with the calibrated thresholds (results/similarity_calibration.json) none of the honest
   answers is listed and every copy is, for the reason it copies;
-- the committed calibration is what ``python -m autograde.similarity --calibrate`` computes
+- the committed calibration is what ``python -m autograde.runner.similarity --calibrate`` computes
   from the corpus now;
 - the normalisation sees through renaming, swapped operands, respelled calls and ``+=``;
   what the notebook prescribes is discounted; the report's page escapes student text.
@@ -23,7 +23,7 @@ import nbformat
 import pytest
 
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
-from autograde import similarity
+from autograde.runner import similarity
 from autograde.config import AutogradeSettings
 
 REPO = Path(__file__).resolve().parents[1]

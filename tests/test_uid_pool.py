@@ -1,4 +1,4 @@
-"""The host's pool of kernel uids (autograde/uids.py): one lock file per uid, held for a
+"""The host's pool of kernel uids (autograde/isolation/uids.py): one lock file per uid, held for a
 kernel's life; a full pool makes the next kernel wait for a uid rather than fail at once."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from autograde import uids
+from autograde.isolation import uids
 
 
 def test_a_free_uid_is_taken_from_the_preferred_one(tmp_path):

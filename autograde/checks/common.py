@@ -2,8 +2,9 @@
 
 ``forbid_references()`` makes sure a graded function does its own work: while the context is
 open, every builtin chip (``source_kernels.chips.*``) and every reference or kernel entry
-point of ``source_kernels`` (everything but the input makers in ``source_kernels.inputs`` and
-the comparison helpers in ``source_kernels.testing``) raises
+point of ``source_kernels`` (everything but the input makers in ``source_kernels.inputs``,
+the comparison helpers in ``source_kernels.testing`` and the Triton shims of
+``source_kernels.triton_compat``, which the guard calls while a kernel runs) raises
 ``ReferenceCalled("graded function called the reference <name>")``.  A hidden check computes
 its expected result first, outside the context, and calls the student's function inside it.
 
@@ -23,20 +24,20 @@ import types
 
 import torch
 
-from autograde import recording
+from autograde import check_api
 
 __all__ = ["requires_gpu", "ReferenceCalled", "forbid_references", "forbidden_objects", "check_close",
            "fresh_generator", "count_kernel_launches", "kernel_device", "judging", "expect",
            "show", "Raised", "attempt", "attempt_expecting"]
 
-ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing")
+ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing", "source_kernels.triton_compat")
 
 
 def judging() -> bool:
     """False inside the grading kernel, where a check only runs the student's functions
     and records what they return; the grader's replay judges."""
-    recording.note_verdict_here()
-    return not recording.recording()
+    check_api.note_verdict_here()
+    return not check_api.recording()
 
 
 def expect(fn, *args, **kwargs):
@@ -114,7 +115,8 @@ def _view_chips(lab: int) -> dict:
     kernel (where ``autograde.labs`` is not in the view) the chip modules it holds, which are
     that view by construction."""
     try:
-        from autograde.labs import KERNEL_VIEW
+        from autograde.check_api import kernel_view_table
+        KERNEL_VIEW = kernel_view_table()
     except ImportError:
         return {name: "*" for name in sys.modules
                 if _CHIP.match(name) and int(_CHIP.match(name).group(1)) < lab}
@@ -294,16 +296,16 @@ def forbid_references(*student_functions, allow=(), writes=(), share_inputs=Fals
     forward and backward kernels.
 
     While autograding, the calls of ``student_functions`` made in the block are also recorded
-    and the grader replays the whole check outside the kernel (``autograde.recording``): so
+    and the grader replays the whole check outside the kernel (``autograde.trust.recording``): so
     pass every student function the block calls, and call them only inside the block.
 
     ``writes``: the positions (or keyword names) of the arguments that are outputs, the
     buffers a Triton kernel stores into.  Every other tensor argument is an input: a Python
     function gets a private copy of it (``share_inputs=True``: the check's own tensor, for a
     check that changes it between two calls on purpose), and a call that writes into an
-    input fails, naming it (``recording.InputChanged``)."""
+    input fails, naming it (``check_api.InputChanged``)."""
     chips = tuple(chips_allowed(checking_lab()))     # the lab's chips: the grader's scan too
-    with recording.session(student_functions, allow=tuple(allow) + chips, writes=writes,
+    with check_api.session(student_functions, allow=tuple(allow) + chips, writes=writes,
                            share_inputs=share_inputs) as replaying:
         if replaying:
             yield
@@ -407,7 +409,7 @@ def kernel_device() -> str:
 def show(message: str) -> None:
     """Print what a visible check verified, in the student's notebook (not in the grading
     kernel, and not in the grader while it replays)."""
-    if not (recording.recording() or recording.replaying()):
+    if not (check_api.recording() or check_api.replaying()):
         print(message)
 
 
@@ -441,7 +443,7 @@ def attempt_expecting(errors, fn, *args, **kwargs):
     except AssertionError:
         raise
     except Exception as exc:
-        if recording.recording() and (not isinstance(exc, errors)
+        if check_api.recording() and (not isinstance(exc, errors)
                                       or isinstance(exc, NotImplementedError)):
             raise                                 # (an unwritten stage fails in the kernel)
         return Raised(exc)
@@ -453,7 +455,7 @@ def fresh_generator(seed=None) -> torch.Generator:
     import time
 
     if seed is None:
-        seed = recording.next_seed()        # while autograding: the grader's seed, else None
+        seed = check_api.next_seed()        # while autograding: the grader's seed, else None
     if seed is None:
         seed = time.time_ns() % (2 ** 31)
     return torch.Generator().manual_seed(int(seed))
@@ -478,8 +480,8 @@ class _LaunchCounter:
 def count_kernel_launches():
     """Count Triton kernel launches (``kernel[grid](...)``) while the block runs, compiled or
     interpreted.  Yields an object whose ``count`` and ``kernels`` (names) grow."""
-    if recording.replaying():              # the grader counts what the kernel recorded
-        with recording.replay_launches(_LaunchCounter()) as counter:
+    if check_api.replaying():              # the grader counts what the kernel recorded
+        with check_api.replay_launches(_LaunchCounter()) as counter:
             yield counter
         return
     counter = _LaunchCounter()
@@ -488,7 +490,7 @@ def count_kernel_launches():
         counter.count += 1
         counter.kernels.append(name)
 
-    undo = recording.watch_kernel_launches(seen)
+    undo = check_api.watch_kernel_launches(seen)
     try:
         yield counter
     finally:

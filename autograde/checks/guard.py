@@ -272,17 +272,20 @@ class _Hooks:
     """Instance attributes on Triton's interpreter builder, removed on exit."""
 
     def __init__(self):
-        from triton.runtime import interpreter as interp
+        from source_kernels.triton_compat import grid_executor_arguments, interpreter, np_dtype
+        interp = interpreter()
         self.interp = interp
+        self.np_dtype = np_dtype
+        self.executor_arguments = grid_executor_arguments
         self.builder = interp.interpreter_builder
         self.current: _Launch | None = None
         self.undo = []
 
     # -------------------------------------------------------------- install / remove
     def install(self):
-        interp, builder = self.interp, self.builder
-        executor = interp.GridExecutor
-        original_init = executor.__dict__["_init_args_hst"]
+        builder = self.builder
+        executor, init_name = self.executor_arguments()
+        original_init = executor.__dict__[init_name]
         hooks = self
 
         def init_args(executor_self, args_dev, kwargs):
@@ -295,8 +298,8 @@ class _Hooks:
                 if report.poison:
                     _fill_outputs(report, list(zip(names, args_hst)) + list(kwargs_hst.items()))
             return args_hst, kwargs_hst
-        executor._init_args_hst = init_args
-        self.undo.append(lambda: setattr(executor, "_init_args_hst", original_init))
+        setattr(executor, init_name, init_args)
+        self.undo.append(lambda: setattr(executor, init_name, original_init))
 
         for name, make in (("create_masked_load", self._load), ("create_masked_store", self._store),
                            ("create_atomic_rmw", self._atomic_rmw),
@@ -354,7 +357,7 @@ class _Hooks:
             import numpy as np
             interp = hooks.interp
             checked = hooks._check("read", ptrs, mask)
-            dtype_np = interp._get_np_dtype(ptrs.get_element_ty())
+            dtype_np = hooks.np_dtype(ptrs.get_element_ty())
             if other is None and mask is not None and not np.all(mask.data):
                 fill = _poison(ptrs.get_element_ty(), dtype_np)
                 other = interp.TensorHandle(np.full(np.shape(ptrs.data), fill, dtype=dtype_np),
@@ -421,7 +424,7 @@ class _Hooks:
             import numpy as np
             data = np.asarray(src.data)
             try:
-                info = np.iinfo(hooks.interp._get_np_dtype(dst_type))
+                info = np.iinfo(hooks.np_dtype(dst_type))
             except (ValueError, KeyError, TypeError):
                 info = None
             if info is not None and data.dtype.kind == "f":

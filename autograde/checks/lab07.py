@@ -14,7 +14,7 @@ import types
 
 import torch
 
-from autograde import recording
+from autograde import check_api
 
 from . import _operator as op
 from . import diagnose_grad
@@ -197,7 +197,7 @@ def raised_in(student, name, what, exc):
 def _call(student, name, grad_output, args, what=None):
     """The student's gradient on copies of the inputs, written by hand or failed."""
     what = what or name
-    if not isinstance(student, recording.Proxy):    # the grader's stand-in has no code to read
+    if not isinstance(student, check_api.Proxy):    # the grader's stand-in has no code to read
         hit = _autograd_by_name(student)
         if hit:
             raise AutogradUsed(_message(name, f"`{hit[0]}` in {hit[1]}"))

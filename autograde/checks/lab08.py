@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from autograde import recording
+from autograde import check_api
 
 from . import _operator as op
 from . import diagnose_grad, guard
@@ -55,7 +55,7 @@ def _is_kernel(obj) -> bool:
 def _launch(kernel, name, grid, args, kwargs, what, hint, writes=()):
     """Run ``kernel[grid](*args, **kwargs)`` with every access checked; returns the tensors it
     ran on (in the grader's replay: ``args`` themselves, updated from the record)."""
-    if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
+    if not (isinstance(kernel, check_api.Proxy) or _is_kernel(kernel)):
         raise AssertionError(f"{name} must be a @triton.jit kernel, got "
                              f"{type(kernel).__name__}")
     ran_on, report = _launch_with_report(kernel, name, grid, args, kwargs, what, hint, writes)
@@ -64,13 +64,13 @@ def _launch(kernel, name, grid, args, kwargs, what, hint, writes=()):
 
 def _launch_with_report(kernel, name, grid, args, kwargs, what, hint, writes=()):
     """:func:`_launch`, returning (the tensors it ran on, the guard's report or None)."""
-    if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
+    if not (isinstance(kernel, check_api.Proxy) or _is_kernel(kernel)):
         raise AssertionError(f"{name} must be a @triton.jit kernel, got "
                              f"{type(kernel).__name__}")
     report = None
     with forbid_references(kernel, writes=writes):
         try:
-            if recording.replaying():
+            if check_api.replaying():
                 kernel[grid](*args, **kwargs)
             else:
                 report = guard.launch(kernel, grid, *args, **kwargs)
@@ -164,7 +164,7 @@ def _run_hits(kernel, name, height, width, locations, block, what):
     hits = torch.zeros(height * width, dtype=torch.int32, device=loc.device)
     n = loc.shape[0]
     hint = _HITS_GUARD
-    if not recording.replaying() and guard.interpreting():
+    if not check_api.replaying() and guard.interpreting():
         hint = dict(_HITS_GUARD, hits_ptr=lambda: _hits_mask_hint(kernel))
     ran_on = _launch(kernel, name, (-(-n // block),), (loc, hits, n, height, width),
                      {"BLOCK": block}, what, hint, writes=(1,))
@@ -645,12 +645,12 @@ def _launch_unchecked(kernel, name, grid, args, kwargs, what, writes=(6, 7, 8)):
     """:func:`_launch_with_report` for a launch whose accesses outside the tensors are
     expected (and switched off): they are not reported.  ``writes``: the output buffers (the
     three gradients of the backward kernel), which the grader's replay judges."""
-    if not (isinstance(kernel, recording.Proxy) or _is_kernel(kernel)):
+    if not (isinstance(kernel, check_api.Proxy) or _is_kernel(kernel)):
         raise AssertionError(f"{name} must be a @triton.jit kernel, got "
                              f"{type(kernel).__name__}")
     with forbid_references(kernel, writes=writes):
         try:
-            if recording.replaying():
+            if check_api.replaying():
                 kernel[grid](*args, **kwargs)
                 return args
             return guard.launch(kernel, grid, *args, **kwargs).args

@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from autograde import recording
+from autograde import check_api
 
 from . import _operator as op
 from .common import (Raised, attempt, attempt_expecting, forbid_references, fresh_generator,
@@ -186,7 +186,7 @@ def _valid(gen, dtype=torch.float32, batch=2, queries=3):
 def _bad_cases(gen, names=None):
     """(name, culprit, arguments incl. im2col_step, words); every case draws its inputs, so
     the others get the same ones whether the meta-device case runs or not."""
-    grading = recording.recording() or recording.replaying()
+    grading = check_api.recording() or check_api.replaying()
     for name, (culprit, change, words) in BAD_INPUTS.items():
         if names is not None and name not in names:
             continue

@@ -48,7 +48,7 @@ def _ledger(course):
 
 
 def _rows(course):
-    from autograde.cli import report_rows
+    from autograde.runner.cli import report_rows
     return {r["student_id"]: {k: r.get(k) for k in ("score", "max_score", "status", "reasons")}
             for r in report_rows(str(course), ASSIGNMENT)}
 
@@ -90,7 +90,7 @@ def _cell_errors(course, student, gids):
 
 
 def _students(course, rows):
-    from autograde.status import summarize
+    from autograde.pipeline.status import summarize
     ledger = _ledger(course)
     out = {}
     for student, row in rows.items():
@@ -215,7 +215,7 @@ def main(argv=None):
     code, smi = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     smi = smi if code == 0 else ""
     gpu_rows = [line for line in (smi or "").splitlines() if line and "," in line]
-    _, sandbox_check = _run([sys.executable, "-m", "autograde.sandbox", "check"])
+    _, sandbox_check = _run([sys.executable, "-m", "autograde.isolation.sandbox", "check"])
     canary_file = work / "canary.txt"
     canary = [c for c in canary_file.read_text().splitlines() if c] if canary_file.exists() \
         else None

@@ -5,7 +5,7 @@ tensors in the record, the replay's results put back on the GPU.
 
 On a GPU grading host a hidden check runs the student's Triton kernel compiled for the device
 (not the interpreter), and the grader replays the check with the recorded CUDA results
-(autograde/recording.py).  This script runs that cycle in one process for a small check in
+(autograde/trust/recording.py).  This script runs that cycle in one process for a small check in
 the style of the course's (fresh inputs from ``fresh_generator``, the student's function
 inside ``forbid_references`` and ``count_kernel_launches``) against four students: a correct
 kernel, a wrong kernel, torch instead of a kernel, and a wrong kernel whose "kernel" run
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
 
     import source_kernels  # noqa: F401  (the interpreter switch; a GPU keeps it off)
     import source_kernels.testing as testing
-    from autograde import recording
+    from autograde.trust import recording
     from autograde.checks.common import count_kernel_launches, forbid_references, fresh_generator
 
     def check_scale(scale):

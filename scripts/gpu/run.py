@@ -484,7 +484,7 @@ def _grade_class(out, say, started, grading_env, sandbox, sequential, workers, b
         bwrap = (f"{wrapper} (Debian's bubblewrap from {wheels.name}/deb"
                  f"{', with its libraries' if libs else ''})")
         say(f"   bubblewrap unpacked: {bwrap}")
-    check = subprocess.run([python, "-m", "autograde.sandbox", "check"], cwd=REPO, env=env,
+    check = subprocess.run([python, "-m", "autograde.isolation.sandbox", "check"], cwd=REPO, env=env,
                            capture_output=True, text=True)
     for line in (check.stdout + check.stderr).splitlines():
         say("   " + line)

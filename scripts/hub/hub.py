@@ -15,11 +15,11 @@
   passwords.txt    the generated passwords, to hand out (0600, root)
   course/          the course directory: root's, shared with the instructor's group (3770,
                    sticky); its nbgrader_config.py root's (0644), the rest the instructor's
-  exchange/        nbgrader's exchange with owners (autograde/exchange.py: root's root, the
+  exchange/        nbgrader's exchange with owners (autograde/runner/exchange.py: root's root, the
                    instructor's course folders, one inbound folder per student)
   config/student/  nbgrader and JupyterLab settings of the students' servers
   config/instructor/  the same for the instructor's server (sanitised formgrader pages,
-                   the script policy of autograde/instructor_view.py)
+                   the script policy of autograde/runner/instructor_view.py)
   data/instructor/ nbconvert's MathJax macro for the formgrader (MathJax served locally)
   hub/             JupyterHub's database, pid files and log
 
@@ -243,22 +243,22 @@ c.AutogradeSettings.kernel_uid = {kernel_uid}
 # a submission after the due date scores 0 (nbgrader's late penalties: "none" keeps the
 # score; a LateSubmissionPlugin subclass can take off points per hour instead)
 c.LateSubmissionPlugin.penalty_method = "zero"
-# the exchange's folders have owners (autograde/exchange.py: per-student inbound folders,
+# the exchange's folders have owners (autograde/runner/exchange.py: per-student inbound folders,
 # Collect takes regular files of the student's own, refuses and reports the rest)
 """ + "\n".join(exchange_lines()) + "\n"
 
 
 def exchange_lines() -> list[str]:
-    from autograde.exchange import config_lines
+    from autograde.runner.exchange import config_lines
     return config_lines()
 
 
 # The formgrader shows a student's submission as a page of the instructor's server:
-# nbconvert's sanitiser on, with the course's allowlist (autograde/instructor_view.py)
+# nbconvert's sanitiser on, with the course's allowlist (autograde/runner/instructor_view.py)
 SANITISED_VIEW = [
     "c.HTMLExporter.sanitize_html = True",
-    "c.HTMLExporter.filters = {'clean_html': 'autograde.instructor_view.clean_html',",
-    "                          'markdown2html': 'autograde.instructor_view.markdown2html'}",
+    "c.HTMLExporter.filters = {'clean_html': 'autograde.runner.instructor_view.clean_html',",
+    "                          'markdown2html': 'autograde.runner.instructor_view.markdown2html'}",
 ]
 MATHJAX = REPO / "book" / "_vendor" / "mathjax"
 
@@ -308,8 +308,8 @@ def role_config(state: Path, role: str, instructor: str):
     if role == "instructor":
         lines.append(f"c.CourseDirectory.root = {str(state / 'course')!r}")
         lines += SANITISED_VIEW
-        # every page of the instructor's server: a script policy (autograde/instructor_view.py)
-        server_ext = {"autograde.instructor_view": True}
+        # every page of the instructor's server: a script policy (autograde/runner/instructor_view.py)
+        server_ext = {"autograde.runner.instructor_view": True}
         server["extra_static_paths"] = [str(MATHJAX.parent)]
         macro = state / "data" / role / "nbconvert" / "templates" / "base" / "mathjax.html.j2"
         macro.parent.mkdir(parents=True, exist_ok=True)
@@ -396,8 +396,8 @@ def setup(state: Path, instructor: str, students: list[str], port=8000, hub_port
             keep + [f"{n} {p}" for n, p in new.items()]) + "\n")
 
     # the exchange: root's folder, the course's folders the instructor's, one inbound
-    # folder per student that only she writes (autograde/exchange.py says why)
-    from autograde.exchange import layout
+    # folder per student that only she writes (autograde/runner/exchange.py says why)
+    from autograde.runner.exchange import layout
     layout(str(state / "exchange"), COURSE_ID, instructor, students)
     course = state / "course"
     course.mkdir(exist_ok=True)

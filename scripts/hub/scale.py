@@ -9,7 +9,7 @@ folder, the exchange; the hub itself need not run, the exchange is a folder):
 1. the instructor's account generates and releases the lab (``nbgrader generate_assignment``,
    ``release_assignment``);
 2. every student, as their own uid, fetches the lab and submits through the hub's exchange
-   (autograde/exchange.py's ``FetchAssignment`` and ``Submit``, on nbgrader's, the calls
+   (autograde/runner/exchange.py's ``FetchAssignment`` and ``Submit``, on nbgrader's, the calls
    behind the Assignment List's Fetch and Submit buttons), ``--submitters`` at a time; the
    answers cycle through the source notebook's solutions (10/10), lab 01's typical (y, x)
    mistake (6/10) and the untouched release (0/10), built as tests/hub_helpers.py builds
@@ -69,7 +69,7 @@ from nbgrader.coursedir import CourseDirectory  # noqa: E402
 from nbgrader.exchange import ExchangeFactory  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
-from autograde.exchange import CLASSES as EXCHANGE_CLASSES  # noqa: E402
+from autograde.runner.exchange import CLASSES as EXCHANGE_CLASSES  # noqa: E402
 
 
 def _submit_as(user: str, exchange: str, lab: str, notebook_text: str):

@@ -1,0 +1,7 @@
+"""Running a class: what the instructor and the hub start.
+
+The command line (``cli``), grading many submissions in parallel (``parallel``), the
+exchange between students and the course (``exchange``), exports (``export``), the
+instructor's views (``instructor_view``), the similarity report (``similarity``) and the probe
+of what a grading kernel can reach (``probe``).
+"""
