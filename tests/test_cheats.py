@@ -21,9 +21,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import require_grading_sandbox
-from nbgrader_helpers import make_course, run_nbgrader
+from support.system import require_grading_sandbox
+from support.nbgrader_helpers import make_course, run_nbgrader
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

@@ -31,8 +31,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from browser_helpers import Offline, chromium, require_chromium, screenshot_dir
-from nbgrader_helpers import ASSIGNMENTS, make_course, read_scores, run_nbgrader
+from support.browser_helpers import Offline, chromium, require_chromium, screenshot_dir
+from support.nbgrader_helpers import ASSIGNMENTS, make_course, read_scores, run_nbgrader
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = "lab07_the_other_direction"

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import require_grading_sandbox
-from nbgrader_helpers import (in_uid_pool, ledger_kernels, own_processes, pool_processes,
+from support.system import require_grading_sandbox
+from support.nbgrader_helpers import (in_uid_pool, ledger_kernels, own_processes, pool_processes,
                               run_checked, synthetic_class_generator)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import require_grading_sandbox
-from nbgrader_helpers import run_checked, synthetic_class_generator
+from support.system import require_grading_sandbox
+from support.nbgrader_helpers import run_checked, synthetic_class_generator
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "course"

@@ -26,9 +26,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import require_grading_sandbox
-from nbgrader_helpers import run_checked, synthetic_class_generator
+from support.system import require_grading_sandbox
+from support.nbgrader_helpers import run_checked, synthetic_class_generator
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "course"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENTS = REPO_ROOT / "assignments"
 VENV_BIN = Path(sys.executable).parent          # the interpreter running the tests
 SOLUTION_STUDENT = "solution"                   # submits the source notebook
@@ -94,7 +94,7 @@ def synthetic_class_generator():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "make_synthetic_class", Path(__file__).resolve().parents[1] / "scripts"
+        "make_synthetic_class", Path(__file__).resolve().parents[2] / "scripts"
         / "make_synthetic_class.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -116,7 +116,7 @@ def make_course(course_dir, labs) -> Path:
     course_dir = Path(course_dir)
     course_dir.mkdir(parents=True, exist_ok=True)
     config = (REPO_ROOT / "nbgrader_config.py").read_text()
-    config += f"\n# added by tests/nbgrader_helpers.py\nc.CourseDirectory.root = {str(course_dir)!r}\n"
+    config += f"\n# added by tests/support/nbgrader_helpers.py\nc.CourseDirectory.root = {str(course_dir)!r}\n"
     config += unsandboxed_grading_config()
     (course_dir / "nbgrader_config.py").write_text(config)
     for lab in ([labs] if isinstance(labs, str) else labs):
