@@ -1,9 +1,11 @@
+import os
 import re
 
 import pytest
 import torch
 
 import source_kernels  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
+from support import releases
 
 # What the end-to-end modules do besides unit testing, as markers (pyproject.toml lists them):
 #   book     builds the Jupyter Book (or a small book) with jupyter-book
@@ -28,6 +30,7 @@ END_TO_END = {
     "test_jupyterlab.py": ("browser", "grading"),
     "test_labs_00_04.py": ("grading",),
     "test_labs_05_10.py": ("grading",),
+    "test_release_cache.py": ("grading",),    # runs nbgrader generate_assignment
     "test_as_a_user.py": ("grading",),
 }
 
@@ -97,3 +100,14 @@ def _book_builds_keep_their_temporary_files(request, tmp_path_factory, monkeypat
     folder is one of pytest's (kept for the last few runs, like tmp_path), not the host's /tmp."""
     if request.node.get_closest_marker("book") is not None:
         monkeypatch.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmpdir")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _release_cache(tmp_path_factory):
+    """Where this run keeps the labs' generated releases (tests/support/releases.py): a folder
+    of the run's temporary tree that both pytest-xdist workers see (their own base folders
+    sit side by side in it), so a lab's release is generated once per run, by one worker."""
+    base = tmp_path_factory.getbasetemp()
+    releases.CACHE_ROOT = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    yield releases.CACHE_ROOT
+    releases.CACHE_ROOT = None
