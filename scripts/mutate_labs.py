@@ -19,7 +19,7 @@ the lab's budget (``BUDGET``).
 
 Running one.  Each mutant runs in a process of its own, forked from this one (torch and Triton
 already imported), with a time limit: the lab's source notebook plays from the top as a
-student runs it with the hidden tests removed (``tests/lab_cells.py`` executes the cells), the
+student runs it with the hidden tests removed (``tests/support/lab_cells.py`` executes the cells), the
 mutated answer cell in place, every demonstration cell after it, and every visible check from
 the mutated cell on (the checks before it do not depend on it).  Figures, GPU sections and
 timing cells are left out (``LEFT_OUT``).  What is recorded:
@@ -74,7 +74,7 @@ sys.path.insert(0, str(REPO / "tests"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import source_kernels  # noqa: E402,F401  (the interpreter switch, before any kernel is defined)
-import lab_cells  # noqa: E402
+from support import lab_cells  # noqa: E402
 
 RESULTS = REPO / "results" / "mutants"
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"

@@ -1,48 +1,11 @@
 import os
 import re
-import shutil
 
 import pytest
 import torch
 
 import source_kernels  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
-
-# The Debian/Ubuntu packages some tests need, the program each provides, and what it is for.
-# `make test` installs them where it can (root and apt-get); see the Makefile.
-SYSTEM_PACKAGES = {
-    "bubblewrap": ("bwrap", "the grading sandbox runs student code under bubblewrap"),
-    "chromium": ("/usr/bin/chromium", "the browser tests drive the system's Chromium"),
-    "acl": ("setfacl", "the course hub lets its accounts into the Python environment with an "
-                       "ACL entry"),
-}
-
-
-def require_system_package(package: str) -> str:
-    """The path of the program that ``package`` provides. Where it is missing, the calling
-    test skips with a reason that names the command installing it; with ``CI`` set it fails
-    instead, because CI's ``make test`` installs both packages and a skip would hide the tests.
-    """
-    program, purpose = SYSTEM_PACKAGES[package]
-    found = program if os.path.isabs(program) and os.access(program, os.X_OK) \
-        else shutil.which(program) if not os.path.isabs(program) else None
-    if found:
-        return found
-    message = (f"{purpose}, and the system package {package} is not installed "
-               f"(to run this test: sudo apt-get install {package})")
-    if os.environ.get("CI"):
-        pytest.fail(message + "; CI must provide it")
-    pytest.skip(message)
-
-
-def require_grading_sandbox() -> None:
-    """Skip (with the command that fixes it) where grading kernels cannot be sandboxed: the
-    sandbox switches each kernel to a uid of its own, which needs root, and runs it under
-    bubblewrap."""
-    if os.geteuid() != 0:
-        pytest.skip("the grading sandbox switches the kernel to another uid, which needs root "
-                    "(to run this test: sudo make test)")
-    require_system_package("bubblewrap")
-
+from support import releases
 
 # What the end-to-end modules do besides unit testing, as markers (pyproject.toml lists them):
 #   book     builds the Jupyter Book (or a small book) with jupyter-book
@@ -67,6 +30,7 @@ END_TO_END = {
     "test_jupyterlab.py": ("browser", "grading"),
     "test_labs_00_04.py": ("grading",),
     "test_labs_05_10.py": ("grading",),
+    "test_release_cache.py": ("grading",),    # runs nbgrader generate_assignment
     "test_as_a_user.py": ("grading",),
 }
 
@@ -136,3 +100,14 @@ def _book_builds_keep_their_temporary_files(request, tmp_path_factory, monkeypat
     folder is one of pytest's (kept for the last few runs, like tmp_path), not the host's /tmp."""
     if request.node.get_closest_marker("book") is not None:
         monkeypatch.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmpdir")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _release_cache(tmp_path_factory):
+    """Where this run keeps the labs' generated releases (tests/support/releases.py): a folder
+    of the run's temporary tree that both pytest-xdist workers see (their own base folders
+    sit side by side in it), so a lab's release is generated once per run, by one worker."""
+    base = tmp_path_factory.getbasetemp()
+    releases.CACHE_ROOT = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    yield releases.CACHE_ROOT
+    releases.CACHE_ROOT = None

@@ -46,7 +46,7 @@ def _traversal(account):
     POSIX ACL entry ``u:ACCOUNT:--x`` each, taken away afterwards.  CI's interpreter is a pyenv
     build under root's 0700 home, so without this the test could only skip there.  Yields the
     folders it opened; a folder that has an entry for the account already is left as it is."""
-    from hub_helpers import hub_module
+    from support.hub_helpers import hub_module
 
     blocked_ancestors = hub_module()._blocked_ancestors      # the hub's own rule
     paths = (Path(sys.executable).parent, Path(os.path.realpath(sys.executable)).parent, REPO)

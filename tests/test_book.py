@@ -78,11 +78,7 @@ def _readme_book_command() -> list[str]:
     """The README's quick-start command that builds the book (scripts/quickstart.py), as
     written.  Where the tests run from a virtual environment other than the .venv that
     `make` creates, `make` is pointed at the running one and told not to set it up."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import quickstart
-    finally:
-        sys.path.pop(0)
+    import quickstart                       # scripts/quickstart.py
     command = shlex.split(quickstart.commands()["book"])
     prefix = Path(sys.prefix)
     if command[0] == "make" and prefix != ROOT / ".venv":
@@ -467,11 +463,7 @@ def test_the_figure_audit_sees_what_it_should():
     import matplotlib
     matplotlib.use("agg")
     import matplotlib.pyplot as plt
-    sys.path.insert(0, str(ROOT / "book"))
-    try:
-        import _figures
-    finally:
-        sys.path.remove(str(ROOT / "book"))
+    import _figures                         # book/_figures.py
     fig, ax = plt.subplots(figsize=(3, 2))
     ax.set_xticks(range(6), [f"decoder-b32, bf16 {i}" for i in range(6)])
     crowded = _figures.audit_figure(fig)

@@ -34,7 +34,7 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 import yaml
 
-from browser_helpers import Offline, chromium, require_chromium, screenshot_dir
+from support.browser_helpers import Offline, chromium, require_chromium, screenshot_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"

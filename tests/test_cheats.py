@@ -21,9 +21,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import require_grading_sandbox
-from nbgrader_helpers import make_course, run_nbgrader
+from support.system import require_grading_sandbox
+from support import releases
+from support.nbgrader_helpers import make_course
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -381,9 +381,9 @@ def reports(tmp_path_factory):
     # (its kernels share a process limit per uid) cannot reach these kernels
     with open(course / "nbgrader_config.py", "a") as fh:
         fh.write("c.AutogradeSettings.kernel_uid = 64900\n")
+    releases.generate(course, list(TARGETS))
     out = {}
     for lab, (answer_id, cheats, _, _) in TARGETS.items():
-        run_nbgrader(course, "generate_assignment", lab, "--force")
         source = nbformat.read(course / "assignments" / lab / f"{lab}.ipynb", as_version=4)
         submissions = {"honest": source}
         for name, code in list(cheats.items()) + list(

@@ -31,8 +31,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from browser_helpers import Offline, chromium, require_chromium, screenshot_dir
-from nbgrader_helpers import ASSIGNMENTS, make_course, read_scores, run_nbgrader
+from support import releases
+from support.browser_helpers import Offline, chromium, require_chromium, screenshot_dir
+from support.nbgrader_helpers import ASSIGNMENTS, make_course, read_scores, run_nbgrader
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = "lab07_the_other_direction"
@@ -71,7 +72,7 @@ def course(tmp_path_factory):
     student = [f"--Exchange.root={exchange}", f"--Exchange.cache={base / 'cache'}",
                f"--CourseDirectory.course_id={COURSE_ID}", f"--student={STUDENT}"]
 
-    run_nbgrader(course, "generate_assignment", LAB)
+    releases.generate(course, LAB)
     run_nbgrader(course, "release_assignment", LAB)
     shutil.copytree(course / "release" / LAB, home / LAB)     # what fetch_assignment gives
     path = home / LAB / f"{LAB}.ipynb"

@@ -34,8 +34,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import require_grading_sandbox
-from nbgrader_helpers import (in_uid_pool, ledger_kernels, own_processes, pool_processes,
+from support import releases
+from support.system import require_grading_sandbox
+from support.nbgrader_helpers import (in_uid_pool, ledger_kernels, own_processes, pool_processes,
                               run_checked, synthetic_class_generator)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,7 +175,7 @@ def graded(tmp_path_factory):
     with (seq / "nbgrader_config.py").open("a") as config:
         config.write(SIMILARITY_OFF)
     (seq / "exchange").mkdir()
-    _nbgrader("generate_assignment", ASSIGNMENT, cwd=seq)
+    releases.generate(seq, ASSIGNMENT)
     _nbgrader("release_assignment", ASSIGNMENT, cwd=seq)
     canary = _Canary()
     gen = _generator()
@@ -377,7 +378,7 @@ def test_a_real_lab_through_the_course_configuration(tmp_path):
     (course / "assignments").mkdir(parents=True)
     shutil.copy(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
     shutil.copytree(REPO / "assignments" / LAB01, course / "assignments" / LAB01)
-    _nbgrader("generate_assignment", LAB01, cwd=course)
+    releases.generate(course, LAB01)
     source = nbformat.read(course / "assignments" / LAB01 / f"{LAB01}.ipynb", as_version=4)
     release = nbformat.read(course / "release" / LAB01 / f"{LAB01}.ipynb", as_version=4)
     cheat = nbformat.read(course / "assignments" / LAB01 / f"{LAB01}.ipynb", as_version=4)
@@ -579,7 +580,7 @@ def test_feedback_goes_back_through_the_exchange_and_zip_collect_collects(tmp_pa
     course = tmp_path / "course"
     shutil.copytree(FIXTURE, course)
     (course / "exchange").mkdir()
-    _nbgrader("generate_assignment", ASSIGNMENT, cwd=course)
+    releases.generate(course, ASSIGNMENT)
     _nbgrader("release_assignment", ASSIGNMENT, cwd=course)
     home = tmp_path / "home"
     home.mkdir()

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import require_grading_sandbox
-from nbgrader_helpers import run_checked, synthetic_class_generator
+from support import releases
+from support.system import require_grading_sandbox
+from support.nbgrader_helpers import run_checked, synthetic_class_generator
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "course"
@@ -68,7 +69,7 @@ def released(tmp_path_factory):
     base = tmp_path_factory.mktemp("released")
     course = base / "course"
     shutil.copytree(FIXTURE, course)
-    _run([VENV_BIN / "nbgrader", "generate_assignment", ASSIGNMENT], cwd=course)
+    releases.generate(course, ASSIGNMENT)
     return course, _generator().Builder(str(course))
 
 
@@ -613,7 +614,7 @@ def test_similarity_on_a_real_lab(tmp_path):
     (course / "assignments").mkdir(parents=True)
     shutil.copy(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
     shutil.copytree(REPO / "assignments" / LAB01, course / "assignments" / LAB01)
-    _run([VENV_BIN / "nbgrader", "generate_assignment", LAB01], cwd=course)
+    releases.generate(course, LAB01)
     release = nbformat.read(course / "release" / LAB01 / f"{LAB01}.ipynb", as_version=4)
     source = nbformat.read(course / "assignments" / LAB01 / f"{LAB01}.ipynb", as_version=4)
     solutions = similarity.answer_cells(source)

@@ -32,9 +32,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-import hub_helpers as hh
-import nbgrader_helpers as nbh
-from browser_helpers import chromium, require_chromium, screenshot_dir
+from support import hub_helpers as hh
+from support import nbgrader_helpers as nbh
+from support.browser_helpers import chromium, require_chromium, screenshot_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = hh.LAB

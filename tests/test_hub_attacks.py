@@ -40,8 +40,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-import hub_helpers as hh
-from browser_helpers import chromium, require_chromium, screenshot_dir
+from support import hub_helpers as hh
+from support.browser_helpers import chromium, require_chromium, screenshot_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = hh.LAB

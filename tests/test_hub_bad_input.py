@@ -22,7 +22,7 @@ import time
 
 import nbformat
 
-import hub_helpers as hh
+from support import hub_helpers as hh
 
 LAB = hh.LAB
 

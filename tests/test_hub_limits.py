@@ -12,16 +12,12 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-HUB = Path(__file__).resolve().parents[1] / "scripts" / "hub"
-sys.path.insert(0, str(HUB))
-import hub_limits  # noqa: E402
+from hub import hub_limits      # scripts/hub/hub_limits.py (scripts/ is on pythonpath)
 
 # the child runs as nobody, who may not enter the folder of the course's environment
 SYSTEM_PYTHON = "/usr/bin/python3"

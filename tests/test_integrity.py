@@ -19,8 +19,7 @@ import torch
 
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nbgrader_helpers import BEGIN_HIDDEN, nbgrader_meta, source_notebook
+from support.nbgrader_helpers import BEGIN_HIDDEN, nbgrader_meta, source_notebook
 
 LAB05 = "lab05_forward_correct"
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import require_grading_sandbox
-from nbgrader_helpers import run_checked, synthetic_class_generator
+from support import releases
+from support.system import require_grading_sandbox
+from support.nbgrader_helpers import synthetic_class_generator
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "course"
@@ -83,8 +83,7 @@ def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("integrity")
     course = base / "course"
     shutil.copytree(FIXTURE, course)
-    run_checked([VENV_BIN / "nbgrader", "generate_assignment", ASSIGNMENT], cwd=course,
-                env=_env())
+    releases.generate(course, ASSIGNMENT)
     builder = synthetic_class_generator().Builder(str(course))
     with open(course / "nbgrader_config.py", "a") as fh:
         fh.write("\nc.AutogradeSettings.lab_timeouts = {'labfx': 120}\n"
@@ -232,8 +231,7 @@ def test_plain_nbgrader_autograde_prints_nothing_a_submission_controls_raw(tmp_p
     require_grading_sandbox()
     course = tmp_path / "course"
     shutil.copytree(FIXTURE, course)
-    run_checked([VENV_BIN / "nbgrader", "generate_assignment", ASSIGNMENT], cwd=course,
-                env=_env())
+    releases.generate(course, ASSIGNMENT)
     with open(course / "nbgrader_config.py", "a") as fh:
         fh.write("\nc.AutogradeSettings.lab_timeouts = {'labfx': 120}\n"
                  "c.AutogradeSettings.similarity_threshold = 0\n"

@@ -39,8 +39,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-import nbgrader_helpers as nbh
-from browser_helpers import Offline, chromium, screenshot_dir
+from support import nbgrader_helpers as nbh
+from support.browser_helpers import Offline, chromium, screenshot_dir
 
 LAB = "lab01_the_spec"
 COURSE_ID = "msda-triton"

@@ -2,8 +2,6 @@
 what it should, every figure passes it, and the SASS reader counts loads in flight."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import matplotlib
 import pytest
@@ -11,7 +9,6 @@ import pytest
 matplotlib.use("agg")
 import matplotlib.pyplot as plt
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book"))
 import _figures
 import _kernel_figures as kf
 

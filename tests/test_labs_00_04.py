@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 import source_kernels  # noqa: F401  (the interpreter switch, before the kernels below)
-import nbgrader_helpers as nbh
+from support import nbgrader_helpers as nbh
 
 LABS = ["lab00_the_idea", "lab01_the_spec", "lab02_tensors_are_pointers",
         "lab03_the_machine", "lab04_hello_triton"]

@@ -23,7 +23,6 @@ import copy
 import importlib
 import linecache
 import re
-import sys
 import time
 import types
 from pathlib import Path
@@ -34,8 +33,7 @@ import torch
 
 import source_kernels  # noqa: F401  (the interpreter switch, before any chip is imported)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nbgrader_helpers import (BEGIN_HIDDEN, END_HIDDEN, BEGIN_SOLUTION, END_SOLUTION,
+from support.nbgrader_helpers import (BEGIN_HIDDEN, END_HIDDEN, BEGIN_SOLUTION, END_SOLUTION,
                               autograded_path, cell_errors, generate_release, graded_test_cells,
                               leaked_lines, make_course, nbgrader_meta, run_nbgrader,
                               source_notebook, stderr_cells, submit)
@@ -270,9 +268,6 @@ def test_lab10_suite_runs_against_the_students_operator():
     against the same operator without validation the bad-input tests fail (so the plugin really
     puts the student's operator in the package's place).  Run here in-process: the grading
     sandbox has no tests/ folder, so the autograded notebooks only say so."""
-    tests_dir = str(Path(__file__).resolve().parent)
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
     import operator_suite
 
     namespace, _ = _solution_namespace("lab10_ship_it")

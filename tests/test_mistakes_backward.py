@@ -12,17 +12,14 @@ runs only its own solution cell and the check.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import nbformat
 import pytest
 
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lab_cells
-from nbgrader_helpers import nbgrader_meta, source_notebook
+from support import lab_cells
+from support.nbgrader_helpers import nbgrader_meta, source_notebook
 
 LAB07, LAB08 = "lab07_the_other_direction", "lab08_concurrent_writes"
 # ungraded cells that only draw, time or demonstrate: not needed to check anything
@@ -458,7 +455,7 @@ ANSWERS = [r"v_{01} - v_{00}", r"v_{11} - v_{10}", r"v_{10} - v_{00}", r"\langle
 
 
 def test_lab07_release_gives_no_derivation_away():
-    from nbgrader_helpers import BEGIN_SOLUTION
+    from support.nbgrader_helpers import BEGIN_SOLUTION
 
     shown = [c for c in nbformat.read(source_notebook(LAB07), as_version=4).cells
              if BEGIN_SOLUTION not in c.source]

@@ -14,15 +14,12 @@ The table and the runner need nothing but torch and Triton, so that
 from __future__ import annotations
 
 import ast
-import sys
-from pathlib import Path
 
 import pytest
 
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lab_cells
+from support import lab_cells
 
 L01, L02, L04, L05 = ("lab01_the_spec", "lab02_tensors_are_pointers", "lab04_hello_triton",
                       "lab05_forward_correct")

@@ -16,16 +16,13 @@ import contextlib
 import importlib
 import io
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import source_kernels  # noqa: F401  (the interpreter switch, before any kernel is defined)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lab_cells
+from support import lab_cells
 
 LABS = {"lab00": "lab00_the_idea", "lab03": "lab03_the_machine", "lab06": "lab06_make_it_fast",
         "lab09": "lab09_hardware_detective", "lab10": "lab10_ship_it"}

@@ -14,13 +14,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
 RESULTS = REPO / "results" / "mutants"
 LABS = [f"lab{n:02d}" for n in range(11)]
 GOAL = {"wrongly_hinted": 0, "deaths": 0}

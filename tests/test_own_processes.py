@@ -1,4 +1,4 @@
-"""The grading tests count only their own kernels' processes (tests/nbgrader_helpers.py):
+"""The grading tests count only their own kernels' processes (tests/support/nbgrader_helpers.py):
 another grading command on the host runs kernels of the same uid pool, before, during and
 after, and its processes are not this run's leftovers."""
 import json
@@ -6,7 +6,7 @@ import os
 import subprocess
 import time
 
-from nbgrader_helpers import (POOL_BASE, POOL_COUNT, in_uid_pool, ledger_kernels,
+from support.nbgrader_helpers import (POOL_BASE, POOL_COUNT, in_uid_pool, ledger_kernels,
                               own_processes, pool_processes)
 
 

@@ -9,7 +9,7 @@
   book's reference pages name exists; no placeholder text is left in them.
 - ``make system-packages`` (run by ``make test``) never fails for a missing system package:
   without root or apt-get it says what to install, and the tests that need the package skip
-  with a reason naming the command (conftest.require_system_package); as root it waits for
+  with a reason naming the command (support.system.require_system_package); as root it waits for
   apt-get's lock and reports what is installed afterwards.
 - ``make setup TORCH_INDEX=...`` takes torch (only) from that index, before requirements.lock,
   and a CPU build of torch satisfies requirements.txt; ``make test-fast`` deselects the
@@ -194,13 +194,13 @@ def test_the_toc_holds_the_reference_pages():
 
 
 def test_a_missing_system_package_skips_naming_the_command(monkeypatch):
-    import conftest
+    from support import system
 
     monkeypatch.delenv("CI", raising=False)
-    monkeypatch.setitem(conftest.SYSTEM_PACKAGES, "bubblewrap",
+    monkeypatch.setitem(system.SYSTEM_PACKAGES, "bubblewrap",
                         ("no-such-program-here", "the grading sandbox"))
     with pytest.raises(pytest.skip.Exception, match="sudo apt-get install bubblewrap"):
-        conftest.require_system_package("bubblewrap")
+        system.require_system_package("bubblewrap")
 
 
 @needs_make

@@ -137,13 +137,9 @@ NCU_COLUMNS = {"L1/texture": "l1tex__throughput.avg.pct_of_peak_sustained_elapse
 
 def _book_results():
     """book/_results.py, the module the chapters read the results files with."""
-    import importlib
-    import sys
-    sys.path.insert(0, str(REPO / "book"))
-    try:
-        return importlib.import_module("_results")
-    finally:
-        sys.path.pop(0)
+    import _results
+
+    return _results
 
 
 def test_ncu_table_matches_ncu_file():

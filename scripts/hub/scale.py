@@ -12,7 +12,7 @@ folder, the exchange; the hub itself need not run, the exchange is a folder):
    (autograde/runner/exchange.py's ``FetchAssignment`` and ``Submit``, on nbgrader's, the calls
    behind the Assignment List's Fetch and Submit buttons), ``--submitters`` at a time; the
    answers cycle through the source notebook's solutions (10/10), lab 01's typical (y, x)
-   mistake (6/10) and the untouched release (0/10), built as tests/hub_helpers.py builds
+   mistake (6/10) and the untouched release (0/10), built as tests/support/hub_helpers.py builds
    them;
 3. the instructor's account collects (``nbgrader collect``);
 4. ``hub.py grade`` grades as root in the sandbox (``python -m autograde grade``);
@@ -163,7 +163,7 @@ def _cpu_model():
 def run(students: int, lab: str, workers, submitters: int, keep: bool, argv) -> dict:
     import nbformat
 
-    import hub_helpers as hh
+    from support import hub_helpers as hh
 
     course_hub.require_root()
     base = Path(tempfile.mkdtemp(prefix="msda-scale-", dir="/tmp"))

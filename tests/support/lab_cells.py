@@ -23,7 +23,7 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ASSIGNMENTS = Path(__file__).resolve().parents[1] / "assignments"
+ASSIGNMENTS = Path(__file__).resolve().parents[2] / "assignments"
 BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
 
 __all__ = ["ASSIGNMENTS", "BEGIN_HIDDEN", "Cell", "lab_name", "cells", "visible_checks",

@@ -3,7 +3,8 @@
 Every lab test does the same four things in a throw-away copy of the course directory, so
 that the repository never gets a gradebook, release/ or autograded/ folder:
 
-1. ``nbgrader generate_assignment`` (``generate_release`` / ``generate_releases``);
+1. ``nbgrader generate_assignment`` (``generate_release`` / ``generate_releases``; copied
+   from the run's cache of releases, support/releases.py, where that stands for the run);
 2. execute the source notebook and the untouched release top to bottom
    (``execute_notebook`` / ``execute_notebooks``, nbclient with the python3 kernel);
 3. ``nbgrader autograde`` the source notebook and the untouched release as two students'
@@ -31,7 +32,9 @@ from pathlib import Path
 
 import nbformat
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from support import releases
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENTS = REPO_ROOT / "assignments"
 VENV_BIN = Path(sys.executable).parent          # the interpreter running the tests
 SOLUTION_STUDENT = "solution"                   # submits the source notebook
@@ -94,7 +97,7 @@ def synthetic_class_generator():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "make_synthetic_class", Path(__file__).resolve().parents[1] / "scripts"
+        "make_synthetic_class", Path(__file__).resolve().parents[2] / "scripts"
         / "make_synthetic_class.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -116,7 +119,7 @@ def make_course(course_dir, labs) -> Path:
     course_dir = Path(course_dir)
     course_dir.mkdir(parents=True, exist_ok=True)
     config = (REPO_ROOT / "nbgrader_config.py").read_text()
-    config += f"\n# added by tests/nbgrader_helpers.py\nc.CourseDirectory.root = {str(course_dir)!r}\n"
+    config += f"\n# added by tests/support/nbgrader_helpers.py\nc.CourseDirectory.root = {str(course_dir)!r}\n"
     config += unsandboxed_grading_config()
     (course_dir / "nbgrader_config.py").write_text(config)
     for lab in ([labs] if isinstance(labs, str) else labs):
@@ -146,14 +149,14 @@ def release_path(course_dir, lab: str) -> Path:
 
 def generate_releases(labs, course_dir) -> dict:
     """Copy the labs into ``course_dir`` (if not there yet) and generate all their releases
-    with one ``nbgrader generate_assignment`` call; returns {lab: released notebook path}."""
+    (``releases.generate``: copied from this run's cache, or one ``nbgrader
+    generate_assignment`` call); returns {lab: released notebook path}."""
     labs = [labs] if isinstance(labs, str) else list(labs)
     course_dir = Path(course_dir)
     missing = [lab for lab in labs if not (course_dir / "assignments" / lab).exists()]
     if missing or not (course_dir / "nbgrader_config.py").exists():
         make_course(course_dir, missing)
-    pattern = labs[0] if len(labs) == 1 else "*"
-    run_nbgrader(course_dir, "generate_assignment", pattern, "--force")
+    releases.generate(course_dir, labs)           # the run's cached releases, or nbgrader's
     paths = {lab: release_path(course_dir, lab) for lab in labs}
     for lab, path in paths.items():
         if not path.exists():

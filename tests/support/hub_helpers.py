@@ -28,11 +28,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import require_system_package
+from support.system import require_system_package
 
-import nbgrader_helpers as nbh
+from support import nbgrader_helpers as nbh
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HUB_DIR = REPO / "scripts" / "hub"
 LAB = "lab01_the_spec"
 COURSE_ID = "msda-triton"

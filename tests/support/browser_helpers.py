@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import require_system_package
+from support.system import require_system_package
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
