@@ -16,12 +16,12 @@ import pytest
 from nbgrader.api import Gradebook
 from traitlets.config import Config
 
-from autograde import dblock
-from autograde import export
-from autograde import limits
-from autograde import restore
-from autograde import sandbox
-from autograde import status
+from autograde.pipeline import dblock
+from autograde.runner import export
+from autograde.isolation import limits
+from autograde.pipeline import restore
+from autograde.isolation import sandbox
+from autograde.pipeline import status
 from autograde.config import AutogradeSettings
 
 EMPTY_GRADEBOOK = None            # a copy of an empty gradebook: the new_gradebooks fixture
