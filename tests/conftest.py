@@ -34,6 +34,19 @@ END_TO_END = {
     "test_as_a_user.py": ("grading",),
 }
 
+# Tests of the unit modules that take seconds each on 2 cores (each row's own time, from
+# `make test-fast --durations=0`): a lab 08 kernel run in Triton's interpreter per mistake,
+# the book's exercise commands, a training run.  They are marked ``slow``: `make test` runs
+# them, `make test-fast` leaves them out.
+SLOW_UNIT_TESTS = re.compile("|".join((
+    r"test_mistakes_backward\.py::test_visible_check_names_the_mistake\[lab08: kernel",   # 3.5 s
+    r"test_mistakes_backward\.py::test_solution_passes_the_visible_checks\[lab08",        # 12 s
+    r"test_mistakes_backward\.py::test_hidden_check_catches_int32_offsets",                # 4 s
+    r"test_mistakes_rest\.py::test_(visible_checks_replay_out_of_the_kernel|"
+    r"every_visible_check_passes_on_the_solution)\[lab10\]",                               # 7 s
+    r"test_exercises\.py::test_command\[python",                                          # 3.3 s
+    r"test_model\.py::test_training_parity_triton_vs_grid_sample",                         # 19 s
+)))
 
 # `make test` spreads the modules over both cores (pytest-xdist, ``-n 2 --dist loadscope``),
 # with the scheduler below: each module is one unit of work, so its module-scoped fixtures (a
@@ -82,6 +95,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in END_TO_END.get(item.path.name, ()):
             item.add_marker(getattr(pytest.mark, name))
+        if SLOW_UNIT_TESTS.search(item.nodeid):
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     if torch.cuda.is_available():
