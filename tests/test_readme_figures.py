@@ -245,6 +245,19 @@ def test_the_readmes_times_are_cis():
     assert f"the book builds in about {round(book / 5) * 5} s" in readme
 
 
+def test_the_readmes_fast_target_time_is_measured():
+    """`make test-fast`'s count and time in the quick start are those of
+    results/test_fast_cpu.txt, the measured run."""
+    readme = " ".join((REPO / "README.md").read_text().split())
+    line = (RESULTS / "test_fast_cpu.txt").read_text().splitlines()[-1]
+    found = re.fullmatch(r"(\d+) passed.* in ([\d.]+)s .*", line)
+    assert found, line
+    count, seconds = int(found.group(1)), float(found.group(2))
+    assert f"runs about {round(count, -1)} unit tests" in readme
+    assert f"({round(seconds)} s on the same machine)" in readme
+    assert f"about {round(seconds / 60)} minutes" in readme
+
+
 def test_the_readmes_download_sizes_are_measured():
     """What ``make setup TORCH_INDEX=...`` downloads, as results/setup_downloads_cpu.json
     measured it: the total, the wheel count, the largest wheels and the environment's size."""
