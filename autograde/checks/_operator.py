@@ -163,10 +163,12 @@ def _as_tensor(got, what):
     return got
 
 
-def mismatch(got, expected, dtype, what, axes=None, table=TOLERANCE):
-    """explain_mismatch with a tolerance scaled to the largest |expected|; None when close."""
+def mismatch(got, expected, dtype, what, axes=None, table=TOLERANCE, scale=None):
+    """explain_mismatch with a tolerance scaled to the largest |expected| (or to ``scale``,
+    the size of the terms that add up to it); None when close."""
     got = _as_tensor(got, what)
-    scale = max(expected.abs().max().item(), 1e-6) if expected.numel() else 1.0
+    if scale is None:
+        scale = max(expected.abs().max().item(), 1e-6) if expected.numel() else 1.0
     return explain_mismatch(got.detach().cpu().double(), expected.double(),
                             atol=table[dtype] * scale, rtol=0.0, axes=axes, what=what)
 
