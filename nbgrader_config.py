@@ -1,14 +1,14 @@
 """nbgrader configuration of the course: the repository root is the course directory.
 
 The nbgrader commands are nbgrader's own (generate_assignment, release_assignment, collect,
-autograde, generate_feedback, export); ``autograde.pipeline.nbgrader_setup.configure`` swaps in the
+autograde, generate_feedback, export); ``autograde.runner.nbgrader_setup.configure`` swaps in the
 course's grading steps: a sandboxed kernel, hidden checks decided outside it, reports that
 keep ungradable submissions apart.  ``python -m autograde grade LAB`` grades a class in
 parallel.  The instructors' guide, book/instructors.md, explains every setting below.
 """
 import os
 
-from autograde.pipeline.nbgrader_setup import configure
+from autograde.runner.nbgrader_setup import configure
 
 c = get_config()  # noqa: F821  (provided by nbgrader)
 

@@ -6,7 +6,7 @@ as they are, a folder named with terminal escapes would move the cursor, redraw 
 or set the window title of whoever runs ``nbgrader autograde``.  ``escape_log_records()``
 makes every log record of the process carry its message (and the text of its exception)
 already escaped by :func:`autograde.pipeline.status.printable`, newlines kept; it is installed by
-``autograde.pipeline.nbgrader_setup.configure`` (so in every nbgrader command of the course) and by
+``autograde.runner.nbgrader_setup.configure`` (so in every nbgrader command of the course) and by
 ``python -m autograde``.
 """
 from __future__ import annotations

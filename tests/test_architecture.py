@@ -4,10 +4,16 @@ Each module of ``source_kernels``, ``autograde`` (the engine), ``autograde.check
 book's helpers is parsed (nothing is imported); every ``import`` and ``from ... import`` in it,
 at any depth (inside functions too), is resolved to an absolute module name and judged by its
 layer's rule.  A crossing the page does not draw fails with the file, the line and the rule.
+So is a class or function of the course named in a string (not a docstring), as an nbgrader
+setting names one: nbgrader imports it, so it is an import.  And every dotted name of the
+course in a string, in the engine, the scripts and the course's nbgrader_config.py, must
+resolve to what it names.
 """
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -91,6 +97,26 @@ def _imports(path: Path):
                 yield node.lineno, _resolve(module, alias.name)
 
 
+DOTTED = re.compile(r"(?<![\w.-])(?:autograde|source_kernels)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _docstrings(tree):
+    return {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+
+
+def _named(path: Path):
+    """(line, dotted name) of every name of the course written in a string that is not a
+    docstring (prose about a module is not an import; a setting's value is)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    prose = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                id(node) not in prose:
+            for match in DOTTED.finditer(node.value):
+                yield node.lineno, match.group(0)
+
+
 def _resolve(module: str, name: str) -> str:
     folder = REPO.joinpath(*module.split("."))
     if (folder / name).is_dir() or (folder / f"{name}.py").is_file():
@@ -113,9 +139,28 @@ def _crosses(layer: str, rel: str, name: str) -> bool:
 
 
 def _crossings(layer: str):
-    return [f"{path.relative_to(REPO).as_posix()}:{line} imports {name}"
-            for path in LAYERS[layer][0] for line, name in _imports(path)
-            if _crosses(layer, path.relative_to(REPO).as_posix(), name)]
+    return [f"{path.relative_to(REPO).as_posix()}:{line} {how} {name}"
+            for path in LAYERS[layer][0]
+            for how, found in (("imports", _imports(path)), ("names", _settings(path)))
+            for line, name in found
+            if _crosses(layer, path.relative_to(REPO).as_posix(), _as_module(name))]
+
+
+def _settings(path: Path):
+    """The names in strings that name a class or function of a module (what a setting
+    hands to nbgrader or Jupyter to import); a module's name in a string is data (the
+    kernel's view lists modules it may see) and is not judged."""
+    return [(line, name) for line, name in _named(path) if _as_module(name) != name]
+
+
+def _as_module(dotted: str) -> str:
+    """The module part of a dotted name (``autograde.runner.export.StatusCsvExport`` ->
+    ``autograde.runner.export``), found on disk."""
+    parts = dotted.split(".")
+    while len(parts) > 1 and not (REPO.joinpath(*parts).is_dir() or
+                                  REPO.joinpath(*parts[:-1], parts[-1] + ".py").is_file()):
+        parts.pop()
+    return ".".join(parts)
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -239,3 +284,48 @@ def test_the_compat_rule_sees_a_private_use(tmp_path):
     assert _internal_uses([bad], tmp_path) == [
         "autograde/runner/grading.py:2 imports nbclient.util.run_sync",
         "autograde/runner/grading.py:3 uses ._async_cleanup_kernel"]
+
+
+def _lookup(dotted: str):
+    """What ``dotted`` names: the module, or an attribute of the longest module prefix."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for part in parts[cut:]:
+            found = getattr(found, part)
+        return found
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_dotted_name_in_a_string_resolves():
+    """A class or function named in a setting (``c.ExportApp.plugin_class = "..."``, an
+    exchange class, a Jinja filter) is imported by nbgrader or Jupyter only when the setting
+    is read: after a module moves, the old name fails there, not here, unless checked."""
+    files = [*ENGINE.rglob("*.py"), *(REPO / "scripts").rglob("*.py"), REPO / "nbgrader_config.py"]
+    names = {(f"{path.relative_to(REPO).as_posix()}:{line}", name)
+             for path in files for line, name in _named(path)}
+    assert any(n == "autograde.runner.instructor_view.clean_html" for _, n in names)
+    broken = []
+    for where, name in sorted(names):
+        try:
+            _lookup(name)
+        except (ImportError, AttributeError) as error:
+            broken.append(f"{where} names {name}: {error}")
+    assert broken == [], broken
+
+
+def test_a_name_in_a_setting_is_judged_as_an_import(tmp_path, monkeypatch):
+    """A pipeline module whose setting names the runner's class crosses the line."""
+    fake = ENGINE / "pipeline" / "_setting_probe.py"
+    monkeypatch.setitem(LAYERS, "autograde.pipeline", ([fake], LAYERS["autograde.pipeline"][1]))
+    text = 'PLUGIN = "autograde.runner.export.StatusCsvExport"\n'
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == fake
+                        else _read_text(self, *a, **k))
+    assert _crossings("autograde.pipeline") == [
+        "autograde/pipeline/_setting_probe.py:1 names autograde.runner.export.StatusCsvExport"]
+
+
+_read_text = Path.read_text

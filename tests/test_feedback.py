@@ -271,7 +271,7 @@ def test_template_words_pending_parts_late_penalty_and_comments():
     from traitlets.config import Config
 
     from autograde.pipeline.feedback import BY_HAND, ON_A_GPU, PENDING_TOTAL, CourseFeedbackExporter
-    from autograde.pipeline.nbgrader_setup import configure
+    from autograde.runner.nbgrader_setup import configure
 
     def cell(kind, source, **meta):
         made = (nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell)(

@@ -31,13 +31,14 @@ def configure(c):
                                         DeduplicateIds, GetGrades, LimitOutput, OverwriteCells,
                                         OverwriteKernelspec)
 
-    from . import status
-    from .execute import SandboxedExecute
-    from .feedback import TEMPLATE_NAME, TEMPLATES, CourseFeedbackExporter, HideHiddenTests, \
-        MarkPending
-    from .grades import SaveVerifiedGrades
-    from .restore import RestoreStructure
-    from .verify import VerifyChecks
+    from ..pipeline import status
+    from ..pipeline.execute import SandboxedExecute
+    from ..pipeline.feedback import TEMPLATE_NAME, TEMPLATES, CourseFeedbackExporter, \
+        HideHiddenTests, MarkPending
+    from ..pipeline.grades import SaveVerifiedGrades
+    from ..pipeline.restore import RestoreStructure
+    from ..pipeline.verify import VerifyChecks
+    from .export import StatusCsvExport
 
     c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec,
                                           RestoreStructure, OverwriteCells, CheckCellMetadata]
@@ -53,5 +54,5 @@ def configure(c):
     # even does it on every call): a setting on the subclass takes precedence over both
     c.CourseFeedbackExporter.template_name = TEMPLATE_NAME
     c.CourseFeedbackExporter.extra_template_basedirs = [str(TEMPLATES)]
-    c.ExportApp.plugin_class = "autograde.runner.export.StatusCsvExport"
+    c.ExportApp.plugin_class = f"{StatusCsvExport.__module__}.{StatusCsvExport.__name__}"
     return c
