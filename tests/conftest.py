@@ -52,7 +52,9 @@ SLOW_UNIT_TESTS = re.compile("|".join((
 # with the scheduler below: each module is one unit of work, so its module-scoped fixtures (a
 # release, a graded class) are built once, on one worker; the modules that build or read the
 # book's ``_build/html`` form one unit, so that no two of them build it at the same time; the
-# tests of tests/test_similarity.py, which has no module-scoped fixture, are split by lab.
+# tests of tests/test_similarity.py, which has no module-scoped fixture, are split by lab, and
+# its corpus answers (each through its lab's checks: lab 08's take about 22 s each) one unit
+# per answer, so that both workers take them.
 # (xdist's own ``loadgroup`` reads ``xdist_group`` marks by rewriting node ids, which pytest 9
 # no longer lets a plugin do.)  The longest units start first (LONGEST_FIRST, from the
 # suite's --durations on 2 cores, results/ci_durations_cpu.txt): the other worker takes the
@@ -60,8 +62,11 @@ SLOW_UNIT_TESTS = re.compile("|".join((
 SHARED_UNITS = {"test_book.py": "book", "test_browser.py": "book",
                 "test_book_results.py": "book"}
 SPLIT_BY_LAB = {"test_similarity.py"}
+SPLIT_BY_TEST = "test_every_corpus_answer_passes_the_labs_checks"
 LONGEST_FIRST = ("test_book.py", "test_browser.py", "test_book_results.py", "test_grading.py",
-                 "test_labs_05_10.py", "test_hub.py", "test_hub_attacks.py", "test_cheats.py",
+                 "test_labs_05_10.py", "test_hub.py", "test_hub_attacks.py",
+                 "test_similarity.py::test_every_corpus_answer_passes_the_labs_checks[lab08",
+                 "test_cheats.py",
                  "test_labs_00_04.py", "test_integrity_grading.py", "test_hub_bad_input.py",
                  "test_grading_isolation.py", "test_similarity.py", "test_feedback.py",
                  "test_mistakes_forward.py", "test_mistakes_backward.py")
@@ -74,8 +79,20 @@ def unit_of_work(nodeid: str) -> str:
     name = module.rsplit("/", 1)[-1]
     if name in SHARED_UNITS:
         return SHARED_UNITS[name]
+    if name in SPLIT_BY_LAB and "::" + SPLIT_BY_TEST in nodeid:
+        return nodeid
     lab = _LAB_PARAMETER.search(nodeid) if name in SPLIT_BY_LAB else None
     return f"{module}[{lab.group(1)}]" if lab else module
+
+
+def _rank(nodeid: str, rank: dict) -> int:
+    """The place of a test in LONGEST_FIRST: its module's, or a longer prefix's of its id."""
+    module, _, rest = nodeid.partition("::")
+    short = module.rsplit("/", 1)[-1] + (f"::{rest}" if rest else "")
+    places = [i for prefix, i in rank.items()
+              if short.startswith(prefix if "::" in prefix else prefix + "::")
+              or short == prefix]
+    return min(places, default=len(rank))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -98,7 +115,7 @@ def pytest_collection_modifyitems(config, items):
         if SLOW_UNIT_TESTS.search(item.nodeid):
             item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    items.sort(key=lambda item: _rank(item.nodeid, rank))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (the Triton "
