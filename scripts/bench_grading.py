@@ -20,10 +20,8 @@ result beside the other runs (key ``isolation_before_after``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -124,27 +122,13 @@ def measure(name, build, students, workers):
 
 
 def provenance(argv):
+    """The course's provenance block (source_kernels.provenance), the CPU's side of the
+    machine and nbgrader's version."""
     import nbgrader
-    import torch
-    import triton
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        with open("/proc/meminfo") as fh:
-            mem = int(next(line.split()[1] for line in fh if line.startswith("MemTotal"))) // 1024
-    except (OSError, StopIteration):
-        mem = None
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python scripts/bench_grading.py " + " ".join(argv),
-            "host": {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "memory_mib": mem,
-                     "gpu": None if not torch.cuda.is_available() else
-                     torch.cuda.get_device_name(0)},
-            "python": platform.python_version(), "nbgrader": nbgrader.__version__,
-            "torch": torch.__version__, "triton": triton.__version__,
+
+    from source_kernels.provenance import host, provenance as block
+    return {**block("python scripts/bench_grading.py " + " ".join(argv)), "host": host(),
+            "nbgrader": nbgrader.__version__,
             "note": "wall-clock seconds; each submission starts its own sandboxed kernel, "
                     "which imports torch and triton; the machine may be shared (see each "
                     "run's load average)"}
@@ -209,8 +193,7 @@ def compare(before, students, workers, repeats, argv, out):
         summary["before"]["median_seconds_per_submission"]
     pairs = sorted(round(a["seconds"] / b["seconds"], 3)
                    for b, a in zip(rows["before"], rows["after"]))
-    result = {"provenance": dict(provenance(argv), commit=_commit(REPO),
-                                 note="wall-clock seconds of the parallel command over the "
+    result = {"provenance": dict(provenance(argv), note="wall-clock seconds of the parallel command over the "
                                       "fixture class; before and after measured back to back, "
                                       "alternately, on the same shared machine (see the load "
                                       "averages)"),

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import datetime
 import json
 import os
 import random
@@ -74,6 +73,7 @@ sys.path.insert(0, str(REPO / "tests"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import source_kernels  # noqa: E402,F401  (the interpreter switch, before any kernel is defined)
+from source_kernels.provenance import date as provenance_date  # noqa: E402
 from support import lab_cells  # noqa: E402
 
 RESULTS = REPO / "results" / "mutants"
@@ -808,22 +808,25 @@ def totals(entries) -> dict:
 
 
 def provenance(argv, seed, equiv_seeds=2) -> dict:
+    """The course's provenance block (source_kernels.provenance), the CPU's side of the
+    machine, the run's seeds, whether the labs' code (assignments, autograde, source_kernels)
+    had uncommitted changes and whether kernels ran in Triton's interpreter."""
+    from source_kernels.provenance import host, provenance as block
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, check=True).stdout.strip()
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "assignments",
                                      "autograde", "source_kernels"], cwd=REPO,
                                     capture_output=True, text=True).stdout.strip())
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", None
-    import torch
-    import triton
-
-    return {"command": "python scripts/mutate_labs.py " + " ".join(argv), "commit": commit,
-            "uncommitted_changes_in_labs": dirty,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "seed": seed, "equiv_seeds": equiv_seeds, "torch": torch.__version__, "triton": triton.__version__,
+    except OSError:
+        dirty = None
+    return {**block("python scripts/mutate_labs.py " + " ".join(argv)), "host": host(),
+            "uncommitted_changes_in_labs": dirty, "seed": seed, "equiv_seeds": equiv_seeds,
             "interpreter": os.environ.get("TRITON_INTERPRET") == "1"}
+
+
+def commit_of(provenance: dict):
+    """The commit a results file was made at: ``repository_commit`` in the course's block,
+    ``commit`` in the files written before the tool used it."""
+    return provenance.get("repository_commit") or provenance.get("commit")
 
 
 def reclassify(path: Path, argv) -> None:
@@ -840,7 +843,7 @@ def reclassify(path: Path, argv) -> None:
     data["totals"] = totals(data["mutants"])
     data["provenance"]["reclassified"] = {
         "command": "python scripts/mutate_labs.py " + " ".join(argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        "date": provenance_date()}
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
@@ -849,7 +852,7 @@ def write_summary(out: Path) -> dict:
     for path in sorted(out.glob("lab[0-9][0-9].json")):
         data = json.loads(path.read_text())
         labs[path.stem] = dict(data["totals"], mutants_total=data["mutants_total"],
-                               commit=data["provenance"]["commit"],
+                               commit=commit_of(data["provenance"]),
                                date=data["provenance"]["date"])
     keys = ["run", "killed", "located", "named", "vague", "wrongly_hinted", "hint_confirmed",
             "hint_unverified", "deaths", "deaths_process", "deaths_exception", "timeouts",

@@ -10,7 +10,9 @@ kind of file must have).  The same keys everywhere:
 
 plus ``commit_from`` and ``host_git_head`` where the caller named the commit
 (``COURSE_COMMIT``, for a host whose copy of the repository has no git folder or an older
-one).  In a dry run (a code path checked on the CPU, never a result) ``gpu`` says so; on a
+one).  The tools that measure on the CPU (grading throughput, mutation runs, the hub under a
+class) write the same block and add ``host``, the CPU side of the machine (:func:`host`),
+and what is their own (a seed, the load averages).  In a dry run (a code path checked on the CPU, never a result) ``gpu`` says so; on a
 machine without a GPU (a grading run on the CPU) it says that; the GPU's own fields are then
 None.
 """
@@ -42,6 +44,25 @@ def _output(command) -> str | None:
 def date() -> str:
     """Now, as the results files write it: '2026-07-14 09:30 UTC'."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def host() -> dict:
+    """The CPU side of this machine: the processor's model, the cores this process may use
+    and the memory (MiB); None where the system does not say."""
+    cpu, memory = platform.processor() or None, None
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        with open("/proc/meminfo") as info:
+            memory = int(next(line.split()[1] for line in info
+                              if line.startswith("MemTotal"))) // 1024
+    except (OSError, StopIteration, ValueError):
+        pass
+    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "memory_mib": memory}
 
 
 def provenance(command: str, dry: bool = False) -> dict:

@@ -112,6 +112,45 @@ def test_the_writer_gives_every_key_the_gpu_scripts_schemas_require():
         jsonschema.validate(block, schema["properties"]["provenance"])
 
 
+def _script(path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_writer_{path.stem}", REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cpu_tools_write_the_course_block_with_their_host():
+    """The tools that measure on the CPU write source_kernels.provenance's block, the CPU's
+    side in ``host``, and their own keys; each block passes its file's schema."""
+    from source_kernels.provenance import KEYS
+
+    loads = {"before": 0.5, "after": 1.0}
+    blocks = {
+        "grading_throughput.json": _script(Path("scripts/bench_grading.py")).provenance(["-x"]),
+        "hub_scale_host.json": _script(Path("scripts/hub/scale.py")).run_provenance(["-x"],
+                                                                                    loads),
+    }
+    import mutate_labs
+    mutants = mutate_labs.provenance(["--labs", "lab00"], seed=24)
+    for name, block in [*blocks.items(), ("mutants", mutants)]:
+        assert list(block)[:len(KEYS)] == list(KEYS), name
+        assert set(block["host"]) == {"cpu", "cores", "memory_mib"}, name
+        assert block["host"]["cores"] >= 1, name
+    assert mutate_labs.commit_of(mutants) == mutants["repository_commit"]
+    assert mutants["seed"] == 24 and blocks["hub_scale_host.json"]["load_average_1_5_15min"]
+    for name, block in blocks.items():
+        _, schema = schema_for(name)
+        holder = schema["properties"]
+        part = holder["provenance"] if "provenance" in holder else \
+            holder["runs"]["items"]["properties"]["provenance"]
+        jsonschema.validate(block, part)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({k: v for k, v in block.items() if k != "repository_commit"},
+                                part)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["lab08_race", "lab09_cliff", "lab06_tiling"])
 def test_a_dry_run_writes_what_the_schema_accepts(tmp_path, script):

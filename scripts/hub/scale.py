@@ -22,10 +22,8 @@ folder, the exchange; the hub itself need not run, the exchange is a folder):
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import pwd
 import resource
 import shutil
@@ -70,6 +68,7 @@ from nbgrader.exchange import ExchangeFactory  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
 from autograde.runner.exchange import CLASSES as EXCHANGE_CLASSES  # noqa: E402
+from source_kernels.provenance import host, provenance  # noqa: E402
 
 
 def _submit_as(user: str, exchange: str, lab: str, notebook_text: str):
@@ -143,21 +142,14 @@ class CpuMeter:
         return False
 
 
-def _git(*args):
-    try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-    except OSError:
-        return ""
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return next(line.split(":", 1)[1].strip() for line in fh
-                        if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
+def run_provenance(argv, loads: dict) -> dict:
+    """The course's provenance block (source_kernels.provenance), the CPU's side of the
+    machine and the load averages through the run."""
+    return {**provenance("sudo python scripts/hub/scale.py " + " ".join(argv)), "host": host(),
+            "load_average_1_5_15min": loads,
+            "note": "wall-clock seconds on a host shared with other work (see the load "
+                    "averages); grading: python -m autograde grade in the bubblewrap sandbox, "
+                    "Triton's CPU interpreter, one kernel per submission"}
 
 
 def run(students: int, lab: str, workers, submitters: int, keep: bool, argv) -> dict:
@@ -243,21 +235,8 @@ def run(students: int, lab: str, workers, submitters: int, keep: bool, argv) -> 
             statuses[row["status"]] = statuses.get(row["status"], 0) + 1
 
         per_sub_cpu = cpu / students
-        cores = len(os.sched_getaffinity(0))
         result = {
-            "provenance": {
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec="seconds"),
-                "host": socket.gethostname(), "cpu": _cpu_model(), "cores": cores,
-                "command": "sudo python scripts/hub/scale.py " + " ".join(argv),
-                "commit": _git("rev-parse", "HEAD"),
-                "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no")),
-                "python": platform.python_version(),
-                "load_average_1_5_15min": loads,
-                "note": "wall-clock seconds on a host shared with other work (see the load "
-                        "averages); grading: python -m autograde grade in the bubblewrap "
-                        "sandbox, Triton's CPU interpreter, one kernel per submission",
-            },
+            "provenance": run_provenance(argv, loads),
             "lab": lab, "students": students,
             "cases": {c: sum(1 for n in names if case_of[n][0] == c) for c, _ in CASES},
             "grading_workers": workers or "default (cores)",
