@@ -62,7 +62,9 @@ def host() -> dict:
                               if line.startswith("MemTotal"))) // 1024
     except (OSError, StopIteration, ValueError):
         pass
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "memory_mib": memory}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count()
+    return {"cpu": cpu, "cores": cores, "memory_mib": memory}
 
 
 def provenance(command: str, dry: bool = False) -> dict:
