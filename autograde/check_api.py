@@ -19,18 +19,22 @@ check is replayed against that record with the grader's own expected values
 - ``watch_kernel_launches``, ``replay_launches``: Triton launches counted in the kernel, and
   the recorded count read back in the replay;
 - ``kernel_view_table()``: the per-lab table of what the grading kernel holds (raises
-  ImportError inside the kernel, whose view does not hold it).
+  ImportError inside the kernel, whose view does not hold it);
+- ``ALWAYS_ALLOWED``: the operator's modules every lab's graded code may call, the one list
+  the grader's static scan reads too.
 
 A course's check package may also define ``call_rule(lab)`` at its top: what a graded
 function may call besides its own code (see ``autograde/checks/__init__.py``).
 """
 from __future__ import annotations
 
+from . import ALWAYS_ALLOWED
 from .trust.recording import (InputChanged, Proxy, next_seed, note_verdict_here, recording,
                               replay_launches, replaying, session, watch_kernel_launches)
 
-__all__ = ["InputChanged", "Proxy", "kernel_view_table", "next_seed", "note_verdict_here",
-           "recording", "replay_launches", "replaying", "session", "watch_kernel_launches"]
+__all__ = ["ALWAYS_ALLOWED", "InputChanged", "Proxy", "kernel_view_table", "next_seed",
+           "note_verdict_here", "recording", "replay_launches", "replaying", "session",
+           "watch_kernel_launches"]
 
 
 def kernel_view_table() -> dict:

@@ -30,7 +30,7 @@ __all__ = ["requires_gpu", "ReferenceCalled", "forbid_references", "forbidden_ob
            "fresh_generator", "count_kernel_launches", "kernel_device", "judging", "expect",
            "show", "Raised", "attempt", "attempt_expecting"]
 
-ALLOWED_MODULES = ("source_kernels.inputs", "source_kernels.testing", "source_kernels.triton_compat")
+ALLOWED_MODULES = check_api.ALWAYS_ALLOWED       # the list the grader's static scan reads
 
 
 def judging() -> bool:
