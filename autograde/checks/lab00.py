@@ -42,6 +42,23 @@ def _random_weights(gen, embed_dim, samples):
     return state
 
 
+def _raised(got: Raised) -> str:
+    """What a student's call raised, with the line of their code that raised it: "NameError
+    (in sampling, at `x = heads * 2`): name 'heads' is not defined"."""
+    from .demo import where          # judging only: the grading kernel never holds a Raised
+    return f"{type(got.exc).__name__}{where(got.exc)}: {got.exc}"
+
+
+def _raised_hint(got: Raised) -> str:
+    """The hint for an exception of the student's own code: what a NameError means, else
+    where to look (the line named above raised it)."""
+    if isinstance(got.exc, NameError) and getattr(got.exc, "name", None):
+        return (f"`{got.exc.name}` has no value when that line runs: assign it earlier in "
+                "the function (or fix its spelling)")
+    return ("the line named above raised it; print the shapes of what it uses on the "
+            "check's inputs (the sizes are in the first line)")
+
+
 def _same(got, expected):
     return isinstance(got, torch.Tensor) and got.shape == expected.shape and \
         torch.allclose(got.detach().double(), expected.double(), **TOL)
@@ -54,7 +71,11 @@ def _compare(got, expected, what, axes, variants, fallback):
     from source_kernels.testing import explain_mismatch
 
     if isinstance(got, Raised):
-        raise AssertionError(f"{what}: raised {got}\nHint: {fallback}")
+        raise AssertionError(f"{what}: raised {_raised(got)}\nHint: {fallback}")
+    if got is None:
+        raise AssertionError(f"{what}: expected a torch.Tensor, got None\nHint: the function "
+                             "returned nothing: its last line computes the result but does not "
+                             "return it, or a path through it ends without `return`")
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
     message = explain_mismatch(got.detach(), expected, axes=axes, what=what, **TOL)
@@ -313,7 +334,8 @@ def check_msdeform_attn(layer_class, seed=None):
     with torch.no_grad():
         exp_loc, exp_attn = reference.sampling(query, ref_points, shapes)
         if isinstance(sampled, Raised):
-            raise AssertionError(f"MSDeformAttn.sampling, {where}: raised {sampled}")
+            raise AssertionError(f"MSDeformAttn.sampling, {where}: raised {_raised(sampled)}"
+                                 f"\nHint: {_raised_hint(sampled)}")
         if not (isinstance(sampled, tuple) and len(sampled) == 2):
             raise AssertionError(f"MSDeformAttn.sampling, {where}: expected a pair "
                                  f"(sampling_locations, attention_weights), got {sampled!r}")
