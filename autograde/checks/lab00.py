@@ -55,8 +55,9 @@ def _raised_hint(got: Raised) -> str:
     if isinstance(got.exc, NameError) and getattr(got.exc, "name", None):
         return (f"`{got.exc.name}` has no value when that line runs: assign it earlier in "
                 "the function (or fix its spelling)")
-    return ("the line named above raised it; print the shapes of what it uses on the "
-            "check's inputs (the sizes are in the first line)")
+    return ("no usual mistake of this layer raises this; the line named above raised it: "
+            "print the shapes of what it uses on the check's inputs (the sizes are in the "
+            "first line)")
 
 
 def _same(got, expected):
