@@ -25,7 +25,7 @@ GOAL = {"wrongly_hinted": 0, "deaths": 0}
 
 # per lab: (mutants run, killed, located, named, wrongly hinted, notebook deaths), as recorded
 HELD = {
-    "lab00": (24, 24, 0, 24, 0, 0),
+    "lab00": (24, 24, 0, 23, 0, 0),
     "lab01": (30, 30, 1, 26, 0, 0),
     "lab02": (30, 30, 5, 22, 0, 0),
     "lab03": (24, 23, 0, 23, 0, 0),
