@@ -394,3 +394,34 @@ def test_grade_refuses_a_config_root_does_not_own():
         assert module.course_config_problem(course) is None
         os.chmod(course, 0o770)
         assert "sticky" in module.course_config_problem(course)
+
+
+def test_a_configuration_an_older_version_wrote_is_refused(tmp_path):
+    """A hub set up before the course moved a class (``autograde.exchange.Collect`` became
+    ``autograde.runner.exchange.Collect``) would start and fail at the first fetch: ``start``
+    and ``grade`` name what no longer exists and ask for ``setup`` again instead."""
+    import io
+    import json
+
+    module = hh.hub_module()
+    course = tmp_path / "course"
+    (tmp_path / "config" / "student").mkdir(parents=True)
+    course.mkdir()
+    (tmp_path / "settings.json").write_text(json.dumps({"course": str(course)}))
+    current = "\n".join(module.exchange_lines() + module.SANITISED_VIEW) + "\n"
+    (course / "nbgrader_config.py").write_text(current)
+    (tmp_path / "config" / "student" / "nbgrader_config.py").write_text(current)
+    (tmp_path / "config" / "student" / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {
+            "autograde.runner.instructor_view": True}}}))
+    assert module.stale_names(tmp_path) == []
+    (tmp_path / "config" / "student" / "nbgrader_config.py").write_text(
+        current + "c.ExchangeFactory.collect = 'autograde.exchange.Collect'\n"
+        "c.HTMLExporter.filters = {'clean_html': 'autograde.instructor_view.clean_html'}\n")
+    stale = module.stale_names(tmp_path)
+    assert [line.split(": ")[1] for line in stale] == ["autograde.exchange.Collect",
+                                                       "autograde.instructor_view.clean_html"]
+    log = io.StringIO()
+    assert module._refuse_stale(tmp_path, "start", log) is True
+    assert "autograde.exchange.Collect" in log.getvalue() and "setup` again" in log.getvalue()
+

@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import grp
+import importlib
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -224,6 +226,51 @@ def course_config_problem(course: Path) -> str | None:
                 f"(owner {info.st_uid}, mode {info.st_mode & 0o7777:o}, {info.st_nlink} "
                 "links): run `sudo python scripts/hub/hub.py setup` again to rewrite it")
     return None
+
+
+# a class, function or module of the course named in a written configuration
+COURSE_NAME = re.compile(r"(?<![\w.-])autograde(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module of the course, or an attribute of one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for part in parts[cut:]:
+                found = getattr(found, part)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def stale_names(state: Path) -> list[str]:
+    """The names of the course in the configurations ``setup`` wrote (the course's and each
+    role's nbgrader_config.py, each role's jupyter_server_config.json) that this version of
+    the course no longer has: "FILE: NAME" each.  A hub set up before the course moved a
+    class would otherwise start, and fail at the first fetch or grade."""
+    files = [Path(settings(state)["course"]) / CONFIG_NAME,
+             *sorted((state / "config").glob("*/nbgrader_config.py")),
+             *sorted((state / "config").glob("*/jupyter_server_config.json"))]
+    return [f"{path}: {name}" for path in files if path.is_file()
+            for name in sorted(set(COURSE_NAME.findall(path.read_text())))
+            if not _resolves(name)]
+
+
+def _refuse_stale(state: Path, command: str, log) -> bool:
+    stale = stale_names(state)
+    if stale:
+        log.write(f"hub.py {command}: the hub's configuration names what this version of the "
+                  "course no longer has (written by an older version):\n" +
+                  "".join(f"  {line}\n" for line in stale) +
+                  "run `sudo python scripts/hub/hub.py setup` again with the same --state, "
+                  "--instructor and --students (it keeps their passwords) to write it anew\n")
+    return bool(stale)
 
 
 def course_config(state: Path, kernel_uid: int) -> str:
@@ -496,6 +543,8 @@ def start(state: Path, log_file=None):
     """Run the hub in the foreground until SIGINT/SIGTERM, then stop it and check that
     nothing of it is left."""
     require_root()
+    if _refuse_stale(state, "start", sys.stderr):
+        return 2
     conf = settings(state)
     command, env = hub_command(state)
     (state / "hub" / "run.pid").write_text(f"{os.getpid()}\n")
@@ -613,6 +662,8 @@ def grade(state: Path, lab: str, extra=(), log=sys.stderr) -> int:
     problem = course_config_problem(course)
     if problem:
         log.write(f"hub.py grade: not grading: {problem}\n")
+        return 2
+    if _refuse_stale(state, "grade", log):
         return 2
     freeze(course)
     try:
