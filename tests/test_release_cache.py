@@ -68,6 +68,7 @@ def test_a_course_gets_its_own_labs_only_and_its_own_copy(tmp_path):
     labs = ["lab00_the_idea", "lab03_the_machine"]
     first = make_course(tmp_path / "first", labs)
     second = make_course(tmp_path / "second", labs[:1])
+    assert releases.refusal(first, labs) is None, releases.refusal(first, labs)
     assert releases.copy_releases(first, labs)
     assert releases.copy_releases(second, labs[:1])
     from nbgrader.api import Gradebook

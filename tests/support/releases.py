@@ -109,23 +109,39 @@ def cached_course(name: str) -> Path:
     return folder
 
 
+def refusal(course, labs) -> str | None:
+    """Why the cached releases cannot stand for nbgrader's run in ``course`` (a sentence), or
+    None when they can."""
+    course = Path(course)
+    names = {origin_of(lab) for lab in labs}
+    if CACHE_ROOT is None:
+        return "no cache: outside a pytest run"
+    if len(names) != 1 or None in names:
+        return f"the labs come from {sorted(map(str, names))}, not from one origin"
+    origin = ORIGINS[names.pop()]
+    config = course / "nbgrader_config.py"
+    if (course / "gradebook.db").exists():
+        return "the course has a gradebook already"
+    if not config.is_file() or \
+            not config.read_text().startswith((origin / "nbgrader_config.py").read_text()):
+        return "its nbgrader_config.py does not start with the origin's"
+    for lab in labs:
+        if (course / "release" / lab).exists():
+            return f"{lab} is released in it already"
+        if not (course / "assignments" / lab).is_dir():
+            return f"it has no assignments/{lab}"
+        ours, theirs = course / "assignments" / lab, origin / "assignments" / lab
+        if tree_digest(ours) != tree_digest(theirs):
+            mine = {str(f.relative_to(ours)) for f in _files(ours)}
+            origin_files = {str(f.relative_to(theirs)) for f in _files(theirs)}
+            return (f"assignments/{lab} differs from the origin's (files on one side only: "
+                    f"{sorted(mine ^ origin_files)}; else a file's bytes)")
+    return None
+
+
 def _copyable(course: Path, labs: list) -> str | None:
     """The origin whose cached releases can stand for nbgrader's run in ``course``, or None."""
-    names = {origin_of(lab) for lab in labs}
-    if CACHE_ROOT is None or len(names) != 1 or None in names:
-        return None
-    name = names.pop()
-    origin = ORIGINS[name]
-    config = course / "nbgrader_config.py"
-    if (course / "gradebook.db").exists() or not config.is_file() \
-            or not config.read_text().startswith((origin / "nbgrader_config.py").read_text()):
-        return None
-    for lab in labs:
-        if (course / "release" / lab).exists() or not (course / "assignments" / lab).is_dir() \
-                or tree_digest(course / "assignments" / lab) \
-                != tree_digest(origin / "assignments" / lab):
-            return None
-    return name
+    return None if refusal(course, labs) else origin_of(labs[0])
 
 
 def copy_releases(course, labs) -> bool:
