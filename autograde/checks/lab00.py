@@ -53,8 +53,9 @@ def _raised_hint(got: Raised) -> str:
     """The hint for an exception of the student's own code: what a NameError means, else
     where to look (the line named above raised it)."""
     if isinstance(got.exc, NameError) and getattr(got.exc, "name", None):
-        return (f"`{got.exc.name}` has no value when that line runs: assign it earlier in "
-                "the function (or fix its spelling)")
+        return (f"`{got.exc.name}` has no value when that line runs: nothing assigned or "
+                "imported it before (check its spelling, and that it is set earlier in the "
+                "function or imported above)")
     return ("no usual mistake of this layer raises this; the line named above raised it: "
             "print the shapes of what it uses on the check's inputs (the sizes are in the "
             "first line)")
@@ -75,8 +76,9 @@ def _compare(got, expected, what, axes, variants, fallback):
         raise AssertionError(f"{what}: raised {_raised(got)}\nHint: {fallback}")
     if got is None:
         raise AssertionError(f"{what}: expected a torch.Tensor, got None\nHint: the function "
-                             "returned nothing: its last line computes the result but does not "
-                             "return it, or a path through it ends without `return`")
+                             "returned None: a `return` is missing (the last line computes the "
+                             "result without returning it, or a path through the function ends "
+                             "without one), or what it returns is None")
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
     message = explain_mismatch(got.detach(), expected, axes=axes, what=what, **TOL)
