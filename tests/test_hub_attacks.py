@@ -425,3 +425,49 @@ def test_a_configuration_an_older_version_wrote_is_refused(tmp_path):
     assert module._refuse_stale(tmp_path, "start", log) is True
     assert "autograde.exchange.Collect" in log.getvalue() and "setup` again" in log.getvalue()
 
+
+
+def test_a_hub_whose_proxy_was_too_slow_is_started_again(tmp_path, monkeypatch):
+    """JupyterHub waits a fixed 10 s for its proxy: on two busy cores that can run out, and
+    the test hub is started once more; any other exit is a failure at once."""
+    import urllib.request
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "passwords.txt").write_text("")
+    hub = hh.Hub(state, "i", ["s"], 1)
+    starts = []
+
+    class Exited:
+        def __init__(self, *args, **kwargs):
+            starts.append(args)
+            with open(hub.log, "a") as log:
+                log.write(messages[len(starts) - 1])
+
+        def poll(self):
+            return None if messages[len(starts) - 1] == "up\n" else 1
+
+    class Answer:
+        status = 200
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(hh.subprocess, "Popen", Exited)
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: Answer())
+    messages = ["[C JupyterHub app] Failed to start proxy\n", "up\n"]
+    hub.start()
+    assert len(starts) == 2
+    starts.clear()
+    messages = ["[C JupyterHub app] some other failure\n"]
+    with pytest.raises(RuntimeError, match="some other failure"):
+        hub.start()
+    assert len(starts) == 1
+    starts.clear()
+    messages = ["Failed to start proxy\n", "Failed to start proxy\n"]
+    with pytest.raises(RuntimeError, match="the hub exited"):
+        hub.start()
+    assert len(starts) == 2
