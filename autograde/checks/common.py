@@ -138,11 +138,19 @@ def _chip_names(module: str, names) -> list:
     return list(getattr(loaded, "__all__", [n for n in vars(loaded) if not n.startswith("_")]))
 
 
-def _depends(obj, seen=None) -> list:
+def _course_modules() -> list:
+    """(name, module) of every loaded module of ``source_kernels`` outside ALLOWED_MODULES."""
+    return [(n, m) for n, m in list(sys.modules.items())
+            if m is not None and _is_forbidden_module(n)]
+
+
+def _depends(obj, seen=None, modules=None) -> list:
     """The functions, kernels and classes of ``source_kernels`` that ``obj`` reaches
     (transitively) through the names its code uses, its default arguments, its closure and the
-    attributes of course modules it names: what a chip needs to run."""
+    attributes of course modules it names: what a chip needs to run.  ``modules``: the
+    loaded course modules (``_course_modules()``, listed once for the whole walk)."""
     seen = {} if seen is None else seen
+    modules = _course_modules() if modules is None else modules
     if id(obj) in seen:
         return list(seen.values())
     seen[id(obj)] = obj
@@ -161,7 +169,7 @@ def _depends(obj, seen=None) -> list:
         if target is not None and id(target) not in seen and \
                 (inspect.isfunction(target) or inspect.isclass(target) or _is_kernel(target)) \
                 and _defined_in_forbidden(target):
-            _depends(target, seen)
+            _depends(target, seen, modules)
 
     for fn in functions:
         for value in list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values()):
@@ -177,14 +185,13 @@ def _depends(obj, seen=None) -> list:
             current = stack.pop()
             stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
             names.update(current.co_names)
-        modules = [v for v in scope.values() if isinstance(v, types.ModuleType)
-                   and _is_forbidden_module(v.__name__)]
-        modules += [m for n, m in list(sys.modules.items())      # imported inside the code
-                    if m is not None and _is_forbidden_module(n)
-                    and (n in names or n.rsplit(".", 1)[-1] in names)]
+        named = [v for v in scope.values() if isinstance(v, types.ModuleType)
+                 and _is_forbidden_module(v.__name__)]
+        named += [m for n, m in modules                           # imported inside the code
+                  if n in names or n.rsplit(".", 1)[-1] in names]
         for name in names:
             follow(scope.get(name))
-            for module in modules:                  # module.attribute
+            for module in named:                    # module.attribute
                 follow(getattr(module, name, None))
     return list(seen.values())
 
@@ -218,10 +225,11 @@ def chips_allowed(lab) -> list:
     return allowed
 
 
-def chips_allowed_text(lab) -> str:
+def chips_allowed_text(lab, allowed=None) -> str:
     """``chips_allowed(lab)`` in words, a whole chip module said once: "`source_kernels.chips.
-    lab05` (all of it), `source_kernels.chips.lab03.gather_traffic`"; "none" when empty."""
-    allowed = chips_allowed(lab)
+    lab05` (all of it), `source_kernels.chips.lab03.gather_traffic`"; "none" when empty.
+    ``allowed``: that list, where the caller has it already."""
+    allowed = chips_allowed(lab) if allowed is None else allowed
     if not allowed:
         return "none"
     parts = []
@@ -236,25 +244,27 @@ def chips_allowed_text(lab) -> str:
     return ", ".join(parts)
 
 
-def chip_rule(lab) -> str:
-    """The rule in words, for lab ``lab``: what a check says when a graded function breaks it."""
+def chip_rule(lab, allowed=None) -> str:
+    """The rule in words, for lab ``lab``: what a check says when a graded function breaks it
+    (``allowed``: ``chips_allowed(lab)``, where the caller has it already)."""
     if lab is None:
         return "a graded function may call no chip and never the course's reference"
-    allowed = chips_allowed_text(lab)
+    allowed = chips_allowed_text(lab, allowed)
     if allowed == "none":
         return f"in lab {lab:02d} a graded function may call no chip and never the course's reference"
     return (f"in lab {lab:02d} a graded function may call only these chips of earlier labs, and "
             f"never the course's reference: {allowed}")
 
 
-def _allowed_chip_ids(lab) -> set:
-    """ids of the objects ``chips_allowed(lab)`` names and of everything they call."""
-    ids = set()
-    for dotted in chips_allowed(lab):
+def _allowed_chip_ids(allowed) -> set:
+    """ids of the objects ``allowed`` (``chips_allowed(lab)``) names and of everything they
+    call."""
+    ids, modules = set(), _course_modules()
+    for dotted in allowed:
         module, name = dotted.rsplit(".", 1)
         obj = getattr(sys.modules.get(module), name, None)
         if obj is not None:
-            ids.update(id(dep) for dep in _depends(obj))
+            ids.update(id(dep) for dep in _depends(obj, modules=modules))
     return ids
 
 
@@ -304,13 +314,14 @@ def forbid_references(*student_functions, allow=(), writes=(), share_inputs=Fals
     function gets a private copy of it (``share_inputs=True``: the check's own tensor, for a
     check that changes it between two calls on purpose), and a call that writes into an
     input fails, naming it (``check_api.InputChanged``)."""
-    chips = tuple(chips_allowed(checking_lab()))     # the lab's chips: the grader's scan too
+    lab = checking_lab()
+    chips = tuple(chips_allowed(lab))     # the lab's chips: the grader's scan too
     with check_api.session(student_functions, allow=tuple(allow) + chips, writes=writes,
                            share_inputs=share_inputs) as replaying:
         if replaying:
             yield
         else:
-            with _forbid_in_kernel(*student_functions, allow=allow):
+            with _forbid_in_kernel(*student_functions, allow=allow, lab=lab, chips=chips):
                 yield
 
 
@@ -320,10 +331,12 @@ def _allowed(obj, allow) -> bool:
 
 
 @contextlib.contextmanager
-def _forbid_in_kernel(*student_functions, allow=()):
-    lab = checking_lab()
-    rule = chip_rule(lab) if lab is not None else None
-    chips = _allowed_chip_ids(lab) if lab is not None else set()
+def _forbid_in_kernel(*student_functions, allow=(), lab=None, chips=()):
+    """Every chip and reference entry point raises while the block runs, but those of the
+    modules ``allow`` names and the chips of lab ``lab`` that ``chips`` (its
+    ``chips_allowed``) lists, with everything they call."""
+    rule = chip_rule(lab, list(chips)) if lab is not None else None
+    chips = _allowed_chip_ids(chips) if lab is not None else set()
     objects = {key: (name, obj) for key, (name, obj) in forbidden_objects().items()
                if not _allowed(obj, allow) and key not in chips}
     undo = []
