@@ -15,7 +15,9 @@ is reached, and by whom:
   ``cuobjdump`` Triton ships (``ptx``);
 - the interpreter's builder, its ``TensorHandle``, its dtype table ``_get_np_dtype`` and the
   private ``GridExecutor._init_args_hst`` (the host copies of a launch's arguments), which
-  the out-of-bounds guard of the checks wraps (``autograde/checks/guard.py``).
+  the out-of-bounds guard of the checks wraps (``autograde/checks/guard.py``);
+- the interpreter's ``_patch_lang``, which ``patch_language_once_per_launch`` (called by
+  ``import source_kernels`` in interpreter mode) spares its repeats.
 
 The engine has its own module for its two uses (``autograde/compat/triton_compat.py``): the
 engine does not import the operator.
@@ -23,6 +25,7 @@ engine does not import the operator.
 from __future__ import annotations
 
 import os
+import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -31,7 +34,7 @@ from triton.runtime.jit import JITFunction
 
 __all__ = ["ASTSource", "GPUTarget", "JITFunction", "active_driver", "cuobjdump_path",
            "grid_executor_arguments", "interpreter", "launcher_parts", "np_dtype",
-           "runtime_knobs"]
+           "patch_language_once_per_launch", "runtime_knobs"]
 
 # the three launcher arguments between the metadata and the kernel's own: launch metadata
 # and the enter and exit hooks, all None for a launch nothing watches
@@ -78,3 +81,67 @@ def grid_executor_arguments():
     to the host: ``method(executor, args_dev, kwargs) -> (args_hst, kwargs_hst)``; the
     executor has ``arg_names`` and ``fn``."""
     return interpreter().GridExecutor, "_init_args_hst"
+
+
+# ------------------------------------------------------------ the interpreter's language patch
+# Under TRITON_INTERPRET=1 a launch (``GridExecutor.__call__``) swaps the builtins of
+# ``triton.language`` that the kernel's module holds for interpreted ones, and puts them back
+# when the launch ends.  Every call of a @triton.jit helper inside the kernel
+# (``InterpretedFunction.__call__``: the course's own helpers, and ``tl.zeros``, ``tl.cdiv``,
+# ``tl.sum``... of Triton's standard library) swaps them again for the helper's module, by
+# listing every member of ``triton.language`` (``inspect.getmembers``), and never puts those
+# back: a helper called once per program and per loop step repeats that listing thousands of
+# times per launch, a quarter of the time of lab 08's checks.  Within one launch, the second
+# call of a helper finds everything its first call swapped still swapped (nothing is put back
+# before the launch ends), so the repeat changes nothing and is skipped; the first call of each
+# helper in each launch still swaps, exactly as before.  A helper called outside a launch is
+# left to Triton.
+_LAUNCH_PATCHED = {"helpers": None}    # the helpers already swapped for in this launch
+
+
+class _NothingPatched:
+    def restore(self) -> None:
+        pass
+
+
+def patch_language_once_per_launch() -> bool:
+    """Make the interpreter swap ``triton.language`` for each @triton.jit helper once per
+    launch instead of once per call (see above); True where done, False where this Triton's
+    interpreter is not the one this was written against (3.6.0, 3.7.1), which then runs as
+    it is.  Idempotent."""
+    interp = interpreter()
+    patch = getattr(interp, "_patch_lang", None)
+    executor = getattr(interp, "GridExecutor", None)
+    helper = getattr(interp, "InterpretedFunction", None)
+    if patch is None or executor is None or helper is None:
+        return False
+    if getattr(patch, "_once_per_launch", False):
+        return True
+    names = helper.__call__.__code__.co_names
+    if "_patch_lang" not in names or "_patch_lang" not in executor.__call__.__code__.co_names:
+        return False
+    launch_code = executor.__call__.__code__
+
+    def once_per_launch(fn):
+        if sys._getframe(1).f_code is launch_code:        # a launch begins
+            scope = patch(fn)
+            _LAUNCH_PATCHED["helpers"] = set()
+            restore = scope.restore
+
+            def restore_and_end():
+                _LAUNCH_PATCHED["helpers"] = None
+                restore()
+            scope.restore = restore_and_end
+            return scope
+        done = _LAUNCH_PATCHED["helpers"]
+        if done is None:                                   # outside a launch: as Triton does
+            return patch(fn)
+        if fn in done:
+            return _NothingPatched()
+        done.add(fn)
+        return patch(fn)
+
+    once_per_launch._once_per_launch = True
+    once_per_launch.__wrapped__ = patch
+    interp._patch_lang = once_per_launch
+    return True
