@@ -209,17 +209,19 @@ def chips_allowed(lab) -> list:
         return []
     import importlib
 
-    allowed = []
-    for module, names in sorted(_view_chips(lab).items()):
+    view, loaded = sorted(_view_chips(lab).items()), {}
+    for module, _ in view:
         try:
-            loaded = sys.modules.get(module) or importlib.import_module(module)
+            loaded[module] = sys.modules.get(module) or importlib.import_module(module)
         except ImportError:
             continue
-        for name in _chip_names(module, names):
-            obj = getattr(loaded, name, None)
+    allowed, modules = [], _course_modules()            # the chip modules imported above too
+    for module, names in view:
+        for name in _chip_names(module, names) if module in loaded else ():
+            obj = getattr(loaded[module], name, None)
             if not (inspect.isfunction(obj) or inspect.isclass(obj) or _is_kernel(obj)):
                 continue
-            if any(_module_of(dep) == REFERENCE_MODULE for dep in _depends(obj)):
+            if any(_module_of(dep) == REFERENCE_MODULE for dep in _depends(obj, modules=modules)):
                 continue
             allowed.append(f"{module}.{name}")
     return allowed
