@@ -352,9 +352,15 @@ def test_solved_lab_runs_in_jupyterlab(server, course, solved_path):
                          prompts.filter(p => /\\[\\d+\\]/.test(p)).length === expected;
                 }""", arg=to_run, timeout=VALIDATE_TIMEOUT_S * 1000)
             tab.screenshot(path=str(screenshot_dir(ROOT) / "jupyterlab_solved_run.png"))
-            notebook.locator(".jp-NotebookPanel-toolbar [title^='Save']").first.click()
-            deadline = time.monotonic() + 30
+            # Save, clicked again every 15 s while the server still holds the unrun notebook
+            # (on two busy cores a click made while the toolbar redraws can be lost); a
+            # dialog that stops the save is named in the failure
+            save = notebook.locator(".jp-NotebookPanel-toolbar [title^='Save']").first
+            deadline, clicked = time.monotonic() + 60, 0.0
             while True:
+                if time.monotonic() - clicked > 15:
+                    save.click()
+                    clicked = time.monotonic()
                 saved = _as_notebook(server.json(
                     "GET", f"api/contents/{solved_path}", {"content": "1"})["content"])
                 counts = [c.execution_count for c in saved.cells
@@ -362,12 +368,15 @@ def test_solved_lab_runs_in_jupyterlab(server, course, solved_path):
                 if all(counts) or time.monotonic() > deadline:
                     break
                 tab.wait_for_timeout(500)
+            dialogs = tab.locator(".jp-Dialog:visible")
+            dialog = dialogs.first.inner_text() if dialogs.count() else "none"
         except Exception:
             tab.screenshot(path=str(screenshot_dir(ROOT) / "jupyterlab_run_failed.png"))
             raise
         finally:
             context.close()
-    assert all(counts) and len(counts) == to_run, f"not every cell ran: {counts}"
+    assert all(counts) and len(counts) == to_run, \
+        f"not every cell ran, or the run was not saved: {counts} (dialog: {dialog})"
     problems, figures = [], 0
     for cell in saved.cells:
         for output in cell.get("outputs", []):
