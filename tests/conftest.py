@@ -48,28 +48,36 @@ SLOW_UNIT_TESTS = re.compile("|".join((
     r"test_model\.py::test_training_parity_triton_vs_grid_sample",                         # 19 s
 )))
 
-# `make test` spreads the modules over both cores (pytest-xdist, ``-n 2 --dist loadscope``),
-# with the scheduler below: each module is one unit of work, so its module-scoped fixtures (a
+# `make test` spreads the modules over the workers (pytest-xdist, ``--dist loadscope``), with
+# the scheduler below: each module is one unit of work, so its module-scoped fixtures (a
 # release, a graded class) are built once, on one worker; the modules that build or read the
 # book's ``_build/html`` form one unit, so that no two of them build it at the same time; the
-# tests of tests/test_similarity.py, which has no module-scoped fixture, are split by lab, and
-# its corpus answers (each through its lab's checks: lab 08's take about 22 s each) one unit
-# per answer, so that both workers take them.
+# three modules that run a hub form one unit too: they spend most of their time waiting on
+# servers and a browser, so they run one after another while the other workers keep the cores
+# busy; the tests of tests/test_similarity.py, which has no module-scoped fixture, are split by
+# lab, and its corpus answers one unit per answer, so that every worker takes them.
 # (xdist's own ``loadgroup`` reads ``xdist_group`` marks by rewriting node ids, which pytest 9
-# no longer lets a plugin do.)  The longest units start first (LONGEST_FIRST, from the
-# suite's --durations on 2 cores, results/ci_durations_cpu.txt): the other worker takes the
-# short ones meanwhile, and the run ends soon after the longest does.
+# no longer lets a plugin do.)  The units start in the order of LONGEST_FIRST (from the suite's
+# timeline on 2 cores, results/ci_durations_cpu.txt): the waiting hub unit first, then the
+# longest of the rest, so that the run ends soon after the longest unit does.  xdist would
+# otherwise reorder the units by their number of tests (``--loadscope-reorder``, its default),
+# which starts a hundred one-second tests before the four-minute ones: the scheduler turns
+# that off.
 SHARED_UNITS = {"test_book.py": "book", "test_browser.py": "book",
-                "test_book_results.py": "book"}
+                "test_book_results.py": "book",
+                "test_hub.py": "hub", "test_hub_attacks.py": "hub",
+                "test_hub_bad_input.py": "hub"}
 SPLIT_BY_LAB = {"test_similarity.py"}
 SPLIT_BY_TEST = "test_every_corpus_answer_passes_the_labs_checks"
-LONGEST_FIRST = ("test_book.py", "test_browser.py", "test_book_results.py", "test_grading.py",
-                 "test_labs_05_10.py", "test_hub.py", "test_hub_attacks.py",
+LONGEST_FIRST = ("test_hub.py", "test_hub_attacks.py", "test_hub_bad_input.py",
+                 "test_book.py", "test_browser.py", "test_book_results.py", "test_grading.py",
+                 "test_labs_05_10.py", "test_cheats.py", "test_grading_isolation.py",
+                 "test_labs_00_04.py", "test_mistakes_backward.py", "test_exercises.py",
+                 "test_integrity_grading.py", "test_jupyterlab.py", "test_as_a_user.py",
                  "test_similarity.py::test_every_corpus_answer_passes_the_labs_checks[lab08",
-                 "test_cheats.py",
-                 "test_labs_00_04.py", "test_integrity_grading.py", "test_hub_bad_input.py",
-                 "test_grading_isolation.py", "test_similarity.py", "test_feedback.py",
-                 "test_mistakes_forward.py", "test_mistakes_backward.py")
+                 "test_mistakes_rest.py", "test_feedback.py", "test_similarity.py",
+                 "test_operator.py", "test_model.py", "test_results_schemas.py",
+                 "test_mistakes_forward.py")
 _LAB_PARAMETER = re.compile(r"\[(lab\d\d_[a-z0-9_]+)")
 
 
@@ -104,6 +112,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid):
             return unit_of_work(nodeid)
 
+    config.option.loadscopereorder = False          # keep LONGEST_FIRST's order
     return CourseUnits(config, log)
 
 
