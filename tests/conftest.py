@@ -147,8 +147,10 @@ def _book_builds_keep_their_temporary_files(request, tmp_path_factory, monkeypat
 def _release_cache(tmp_path_factory):
     """Where this run keeps the labs' generated releases (tests/support/releases.py): a folder
     of the run's temporary tree that both pytest-xdist workers see (their own base folders
-    sit side by side in it), so a lab's release is generated once per run, by one worker."""
+    sit side by side in it), so a lab's release is generated once per run, by one worker.
+    A session run inside a test (tests/operator_suite.py runs pytest in the same process)
+    keeps the run's folder and leaves it set when it ends."""
     base = tmp_path_factory.getbasetemp()
-    releases.CACHE_ROOT = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    yield releases.CACHE_ROOT
-    releases.CACHE_ROOT = None
+    own = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with releases.cache_for_run(own) as root:
+        yield root

@@ -102,3 +102,17 @@ def test_a_course_nbgrader_would_see_differently_is_left_to_it(tmp_path, monkeyp
         monkeypatch.setattr(releases, "CACHE_ROOT", None)
     assert not releases.copy_releases(course, [LAB])
     assert not (course / "release").exists()
+
+
+def test_a_session_run_inside_a_test_keeps_the_runs_cache(tmp_path, monkeypatch):
+    """tests/operator_suite.py runs pytest inside a test (lab 10's suite): its session sets
+    up and tears down the cache as the run's own does, and must leave the run's cache set
+    (it set it to None, and a later test of the same worker found no cache)."""
+    monkeypatch.setattr(releases, "CACHE_ROOT", None)
+    outer, inner = tmp_path / "run", tmp_path / "nested"
+    with releases.cache_for_run(outer) as root:
+        assert root == releases.CACHE_ROOT == outer
+        with releases.cache_for_run(inner) as nested:
+            assert nested == outer
+        assert releases.CACHE_ROOT == outer
+    assert releases.CACHE_ROOT is None

@@ -21,6 +21,7 @@ gradebook and no release of those labs yet.  Anywhere else (and outside a pytest
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import shutil
@@ -35,6 +36,21 @@ SKIPPED = (".ipynb_checkpoints", "__pycache__")
 
 CACHE_ROOT: Path | None = None     # set for the run by tests/conftest.py
 BUILDS: list = []                  # (origin, seconds) of every build this process made
+
+
+@contextlib.contextmanager
+def cache_for_run(root):
+    """``CACHE_ROOT`` set to ``root`` while the block runs, unless a run that encloses this
+    one set it already (a pytest session started inside a test keeps the outer run's cache);
+    what it was is put back afterwards."""
+    global CACHE_ROOT
+    before = CACHE_ROOT
+    if before is None:
+        CACHE_ROOT = Path(root)
+    try:
+        yield CACHE_ROOT
+    finally:
+        CACHE_ROOT = before
 
 
 def _files(folder: Path) -> list:
