@@ -103,11 +103,13 @@ system-packages:
 book: $(STAMP)
 	$(RUN) $(BIN)/jupyter-book build book
 
-# The whole test suite, as CI runs it, over both cores: each test module runs on one worker,
-# the modules that build or read the book together (tests/conftest.py groups them); GPU-only
-# tests skip themselves without a GPU.
+# The whole test suite, as CI runs it: each test module runs on one worker, the modules that
+# build or read the book together, and the three that run a hub together (tests/conftest.py
+# groups them); GPU-only tests skip themselves without a GPU.  Three workers on two cores: the
+# hub modules mostly wait on servers and a browser, and the other two workers fill the cores
+# meanwhile (on a 2-core machine: 801 s with three, 916 s with two; both cores busy to the end).
 test: $(STAMP) system-packages
-	$(RUN) $(BIN)/python -m pytest -n 2 --dist loadscope
+	$(RUN) $(BIN)/python -m pytest -n 3 --dist loadscope
 
 # The unit tests only (FAST_TESTS above); needs no system package.
 test-fast: $(STAMP)
