@@ -107,7 +107,7 @@ book: $(STAMP)
 # build or read the book together, and the three that run a hub together (tests/conftest.py
 # groups them); GPU-only tests skip themselves without a GPU.  Three workers on two cores: the
 # hub modules mostly wait on servers and a browser, and the other two workers fill the cores
-# meanwhile (on a 2-core machine: 801 s with three, 916 s with two; both cores busy to the end).
+# meanwhile (on a 2-core machine 801 s with three, 916 s with two: results/suite_workers_cpu.txt).
 test: $(STAMP) system-packages
 	$(RUN) $(BIN)/python -m pytest -n 3 --dist loadscope
 

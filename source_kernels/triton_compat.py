@@ -91,11 +91,11 @@ def grid_executor_arguments():
 # ``tl.sum``... of Triton's standard library) swaps them again for the helper's module, by
 # listing every member of ``triton.language`` (``inspect.getmembers``), and never puts those
 # back: a helper called once per program and per loop step repeats that listing thousands of
-# times per launch, a quarter of the time of lab 08's checks.  Within one launch, the second
-# call of a helper finds everything its first call swapped still swapped (nothing is put back
-# before the launch ends), so the repeat changes nothing and is skipped; the first call of each
-# helper in each launch still swaps, exactly as before.  A helper called outside a launch is
-# left to Triton.
+# times per launch (about a quarter of the time of one lab 08 answer's checks on a CPU).
+# Within one launch, the second call of a helper finds everything its first call swapped still
+# swapped (nothing is put back before the launch ends), so the repeat changes nothing and is
+# skipped; the first call of each helper in each launch still swaps, exactly as before.  A
+# helper called outside a launch is left to Triton.
 _LAUNCH_PATCHED = {"helpers": None}    # the helpers already swapped for in this launch
 
 
@@ -107,8 +107,9 @@ class _NothingPatched:
 def patch_language_once_per_launch() -> bool:
     """Make the interpreter swap ``triton.language`` for each @triton.jit helper once per
     launch instead of once per call (see above); True where done, False where this Triton's
-    interpreter is not the one this was written against (3.6.0, 3.7.1), which then runs as
-    it is.  Idempotent."""
+    interpreter lacks what this relies on (``_patch_lang`` called by both
+    ``GridExecutor.__call__`` and ``InterpretedFunction.__call__``, as in 3.6.0 and 3.7.1),
+    which then runs as it is.  Idempotent."""
     interp = interpreter()
     patch = getattr(interp, "_patch_lang", None)
     executor = getattr(interp, "GridExecutor", None)

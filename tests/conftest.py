@@ -54,8 +54,9 @@ SLOW_UNIT_TESTS = re.compile("|".join((
 # book's ``_build/html`` form one unit, so that no two of them build it at the same time; the
 # three modules that run a hub form one unit too: they spend most of their time waiting on
 # servers and a browser, so they run one after another while the other workers (`make test`
-# starts three on two cores) keep the cores busy; the tests of tests/test_similarity.py, which has no module-scoped fixture, are split by
-# lab, and its corpus answers one unit per answer, so that every worker takes them.
+# starts three on two cores) keep the cores busy; the tests of tests/test_similarity.py, which
+# has no module-scoped fixture, are split by lab, and its corpus answers one unit per answer,
+# so that every worker takes them.
 # (xdist's own ``loadgroup`` reads ``xdist_group`` marks by rewriting node ids, which pytest 9
 # no longer lets a plugin do.)  The units start in the order of LONGEST_FIRST (from the suite's
 # timeline on 2 cores, each unit's first and last test): the waiting hub unit first, then the

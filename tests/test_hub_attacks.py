@@ -426,7 +426,6 @@ def test_a_configuration_an_older_version_wrote_is_refused(tmp_path):
     assert "autograde.exchange.Collect" in log.getvalue() and "setup` again" in log.getvalue()
 
 
-
 def test_a_hub_whose_proxy_was_too_slow_is_started_again(tmp_path, monkeypatch):
     """JupyterHub waits a fixed 10 s for its proxy: on two busy cores that can run out, and
     the test hub is started once more; any other exit is a failure at once."""
