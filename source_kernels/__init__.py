@@ -13,9 +13,9 @@ import torch as _torch
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
 if _os.environ.get("TRITON_INTERPRET") == "1":
-    # the interpreter, spared a listing of triton.language per call of a @triton.jit helper
-    from .triton_compat import patch_language_once_per_launch as _spare_repeats
-    _spare_repeats()
+    # the interpreter, spared work whose result nothing reads (triton_compat says which)
+    from .triton_compat import interpreter_shortcuts as _shortcuts
+    _shortcuts()
 
 from .reference import msda_grid_sample, msda_naive
 from .op import (

@@ -16,14 +16,18 @@ is reached, and by whom:
 - the interpreter's builder, its ``TensorHandle``, its dtype table ``_get_np_dtype`` and the
   private ``GridExecutor._init_args_hst`` (the host copies of a launch's arguments), which
   the out-of-bounds guard of the checks wraps (``autograde/checks/guard.py``);
-- the interpreter's ``_patch_lang``, which ``patch_language_once_per_launch`` (called by
-  ``import source_kernels`` in interpreter mode) spares its repeats.
+- three shortcuts of the interpreter, installed by ``import source_kernels`` in interpreter
+  mode (``interpreter_shortcuts``), each of them work whose result nothing reads: the repeats
+  of ``_patch_lang`` (``patch_language_once_per_launch``), the integer overflow checks whose
+  assertion the interpreter drops (``skip_unread_overflow_checks``), and the dtype table
+  ``_get_np_dtype`` builds afresh on every call (``remember_np_dtypes``).
 
 The engine has its own module for its two uses (``autograde/compat/triton_compat.py``): the
 engine does not import the operator.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -33,8 +37,9 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 __all__ = ["ASTSource", "GPUTarget", "JITFunction", "active_driver", "cuobjdump_path",
-           "grid_executor_arguments", "interpreter", "launcher_parts", "np_dtype",
-           "patch_language_once_per_launch", "runtime_knobs"]
+           "grid_executor_arguments", "interpreter", "interpreter_shortcuts", "launcher_parts",
+           "np_dtype", "patch_language_once_per_launch", "remember_np_dtypes", "runtime_knobs",
+           "skip_unread_overflow_checks"]
 
 # the three launcher arguments between the metadata and the kernel's own: launch metadata
 # and the enter and exit hooks, all None for a launch nothing watches
@@ -146,3 +151,72 @@ def patch_language_once_per_launch() -> bool:
     once_per_launch.__wrapped__ = patch
     interp._patch_lang = once_per_launch
     return True
+
+
+# ------------------------------------------------------------- the interpreter's overflow checks
+# Each add, sub and mul of integers narrower than 64 bits (``binary_op_sanitize_overflow_impl``,
+# on while the builder's ``options.sanitize_overflow`` is) recomputes its result in int64,
+# compares it with the type's bounds and hands the comparison to ``device_assert``.  The
+# interpreter's builder holds ``InterpreterOptions()``, whose ``debug`` is False and which no
+# launch changes (TRITON_DEBUG included), and ``device_assert`` returns at once without
+# ``options.debug``: the comparison is computed and never read, and an overflow wraps silently
+# either way (tests/test_interpreter_patch.py shows both).  Those five extra operations per
+# integer operation are about a fifth of one lab 08 answer's checks on a CPU.
+def skip_unread_overflow_checks() -> bool:
+    """Switch the interpreter's overflow checks off where their assertion is dropped anyway
+    (``debug`` False, and ``device_assert`` reads ``options.debug``); True where done.
+    Idempotent."""
+    builder = getattr(interpreter(), "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    try:
+        from triton.language.semantic import TritonSemantic
+    except ImportError:                    # before 3.4: semantic was a module of functions
+        return False
+    if not (dataclasses.is_dataclass(options) and hasattr(options, "sanitize_overflow")):
+        return False
+    if getattr(options, "debug", True) or \
+            "debug" not in TritonSemantic.device_assert.__code__.co_names:
+        return False
+    if options.sanitize_overflow:
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return True
+
+
+# ------------------------------------------------------------------- the interpreter's dtype table
+# ``_get_np_dtype(triton_type)`` (the numpy dtype a value of that Triton type is stored as)
+# builds its table of 19 dtypes on every call, a few times per interpreted operation.  The
+# answer depends only on the type's class and name (a block type's name holds its element
+# type, a pointer type's its pointee), so it is remembered under those.
+_NP_DTYPES: dict = {}
+
+
+def remember_np_dtypes() -> bool:
+    """Put a memo in front of the interpreter's ``_get_np_dtype``; True where done.
+    Idempotent."""
+    interp = interpreter()
+    table = getattr(interp, "_get_np_dtype", None)
+    if table is None:
+        return False
+    if getattr(table, "_remembered", False):
+        return True
+
+    def remembered(triton_type):
+        key = (type(triton_type), getattr(triton_type, "name", None))
+        found = _NP_DTYPES.get(key) if key[1] is not None else None
+        if found is None:
+            found = table(triton_type)
+            if key[1] is not None:
+                _NP_DTYPES[key] = found
+        return found
+
+    remembered._remembered = True
+    remembered.__wrapped__ = table
+    interp._get_np_dtype = remembered
+    return True
+
+
+def interpreter_shortcuts() -> dict:
+    """Install the three shortcuts above (``import source_kernels`` does, in interpreter
+    mode); {name: whether this Triton allowed it}."""
+    return {install.__name__: install() for install in (
+        patch_language_once_per_launch, skip_unread_overflow_checks, remember_np_dtypes)}

@@ -1,8 +1,17 @@
-"""The interpreter's language patch, made once per launch for each @triton.jit helper
-(``source_kernels.triton_compat.patch_language_once_per_launch``): the same results as
-Triton's own per-call patch, fewer patches, and nothing left behind by a launch that raised.
-CPU only: on a GPU host the kernels compile and the interpreter is not used."""
+"""The interpreter's shortcuts (``source_kernels.triton_compat.interpreter_shortcuts``):
+
+- the language patch, made once per launch for each @triton.jit helper: the same results as
+  Triton's own per-call patch, fewer patches, and nothing left behind by a launch that raised;
+- the integer overflow checks switched off: the interpreter drops their assertion anyway (an
+  overflow wraps silently, and a failing ``tl.device_assert`` passes), and the results are
+  the same bit for bit;
+- the remembered dtype table: Triton's own answer for every type.
+
+The course's operator, forward and backward, gives the same bits with the shortcuts as with
+the interpreter as Triton ships it.  CPU only: on a GPU host the kernels compile and the
+interpreter is not used."""
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -69,9 +78,16 @@ def _counting_patch():
         interp._patch_lang = installed
 
 
-def test_importing_the_package_installs_it():
-    assert getattr(triton_compat.interpreter()._patch_lang, "_once_per_launch", False)
-    assert triton_compat.patch_language_once_per_launch()      # idempotent
+def test_importing_the_package_installs_them():
+    interp = triton_compat.interpreter()
+    assert getattr(interp._patch_lang, "_once_per_launch", False)
+    assert interp.interpreter_builder.options.sanitize_overflow is False
+    assert getattr(interp._get_np_dtype, "_remembered", False)
+    # the pinned Triton allows all three; installing again changes nothing
+    assert triton_compat.interpreter_shortcuts() == {
+        "patch_language_once_per_launch": True, "skip_unread_overflow_checks": True,
+        "remember_np_dtypes": True}
+    assert getattr(interp._get_np_dtype.__wrapped__, "_remembered", False) is False
 
 
 def test_each_helper_is_patched_once_per_launch_with_the_same_results():
@@ -103,3 +119,89 @@ def test_a_launch_that_raised_leaves_nothing_behind():
         _run(x, steps=2)
         _run(x, steps=2)
     assert sorted(calls) == sorted(["_sum_of_doubles", "_twice", "zeros"] * 2), calls
+
+
+# ---------------------------------------------------------------- the interpreter as shipped
+@contextlib.contextmanager
+def _as_triton_ships_it():
+    """The interpreter without the three shortcuts; they are put back afterwards."""
+    interp = triton_compat.interpreter()
+    builder = interp.interpreter_builder
+    installed = (interp._patch_lang, interp._get_np_dtype, builder.options)
+    interp._patch_lang = interp._patch_lang.__wrapped__
+    interp._get_np_dtype = interp._get_np_dtype.__wrapped__
+    builder.options = dataclasses.replace(builder.options, sanitize_overflow=True)
+    try:
+        yield
+    finally:
+        interp._patch_lang, interp._get_np_dtype, builder.options = installed
+
+
+@triton.jit
+def _integer_arithmetic(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + offsets)
+    b = tl.load(b_ptr + offsets)
+    tl.device_assert(a < 0, "never true here")    # dropped by the interpreter
+    wide = n * 3                                  # an int32 product past 2**31 for n = 2**30
+    small = (a * b + wide - b).to(tl.int16) * 1000
+    tl.store(out_ptr + offsets, (small + a * 7 - 12).to(tl.int32))
+
+
+def _integers():
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randint(2 ** 20, 2 ** 30, (16,), generator=gen, dtype=torch.int32)
+    b = torch.randint(-2 ** 12, 2 ** 12, (16,), generator=gen, dtype=torch.int32)
+    out = torch.zeros(16, dtype=torch.int32)
+    _integer_arithmetic[(1,)](a, b, out, 2 ** 30, BLOCK=16)
+    return a, b, out
+
+
+def test_overflow_checks_are_dropped_by_the_interpreter_and_skipping_them_changes_nothing():
+    a, b, out = _integers()
+    # int32 arithmetic wrapped around (numpy's, as a GPU's would), no assertion failed
+    exact = ((a.long() * b.long() + 3 * 2 ** 30 - b.long()) % 2 ** 16)
+    exact = torch.where(exact >= 2 ** 15, exact - 2 ** 16, exact)            # to int16
+    exact = (exact * 1000) % 2 ** 16
+    exact = torch.where(exact >= 2 ** 15, exact - 2 ** 16, exact)            # int16 again
+    exact = (exact + a.long() * 7 - 12) % 2 ** 32
+    exact = torch.where(exact >= 2 ** 31, exact - 2 ** 32, exact).int()
+    assert torch.equal(out, exact)
+    with _as_triton_ships_it():
+        assert triton_compat.interpreter().interpreter_builder.options.sanitize_overflow
+        _, _, shipped = _integers()
+    assert torch.equal(out, shipped)
+
+
+def test_the_remembered_dtype_table_gives_tritons_answers():
+    interp = triton_compat.interpreter()
+    table = interp._get_np_dtype.__wrapped__
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64,
+               tl.uint64, tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.float8e5,
+               tl.float8e4nv]
+    types = scalars + [tl.pointer_type(t) for t in scalars]
+    types += [tl.block_type(t, [4, 8]) for t in types]
+    for triton_type in types * 2:                      # the second pass reads the memo
+        assert interp._get_np_dtype(triton_type) == table(triton_type), triton_type
+    with pytest.raises(KeyError):                      # and what Triton refuses, it refuses
+        interp._get_np_dtype(tl.void)
+
+
+def test_the_operator_gives_the_same_bits_as_the_interpreter_as_shipped():
+    from source_kernels import multi_scale_deformable_attn
+    from source_kernels.inputs import make_inputs
+
+    def forward_and_backward():
+        args = make_inputs(2, 9, 2, 4, [(5, 6), (3, 3), (1, 2)], 3, seed=5, outside=0.2,
+                           requires_grad=True)
+        out = multi_scale_deformable_attn(*args.values())
+        out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape))
+        leaves = [t for t in args.values() if t.requires_grad]
+        return [out.detach()] + [t.grad for t in leaves]
+
+    mine = forward_and_backward()
+    with _as_triton_ships_it():
+        shipped = forward_and_backward()
+    assert len(mine) == 4
+    for got, expected in zip(mine, shipped):
+        assert torch.equal(got, expected)
