@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from autograde import labs
 from autograde.isolation import view
@@ -132,3 +133,36 @@ print(json.dumps(out))
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     problems = {lab: r for lab, r in result.items() if r["failed"] or r["present"]}
     assert not problems, problems
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="the interpreter runs only where there is no GPU")
+def test_the_views_switch_picks_the_interpreter_and_installs_its_shortcuts(tmp_path):
+    """The grading kernel imports the view's ``source_kernels`` (the switch), not the
+    package's: on a CPU it picks the interpreter and installs the same shortcuts
+    (``source_kernels.triton_compat.interpreter_shortcuts``) from the view's own copy."""
+    folder = view.stage("lab08_concurrent_writes", str(tmp_path / "view"))
+    script = r'''
+import json, os, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__ and
+                    "editable" not in getattr(f, "__module__", "") and
+                    "editable" not in getattr(f, "__name__", "")]
+sys.path.insert(0, sys.argv[1])
+import source_kernels
+from source_kernels import triton_compat
+interp = triton_compat.interpreter()
+print(json.dumps({"mode": os.environ.get("TRITON_INTERPRET"), "file": triton_compat.__file__,
+                  "once_per_launch": getattr(interp._patch_lang, "_once_per_launch", False),
+                  "overflow_checks": interp.interpreter_builder.options.sanitize_overflow,
+                  "remembered": getattr(interp._get_np_dtype, "_remembered", False)}))
+'''
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", script, folder], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["file"].startswith(folder), got
+    assert got == {"mode": "1", "file": got["file"], "once_per_launch": True,
+                   "overflow_checks": False, "remembered": True}

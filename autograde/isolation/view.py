@@ -13,7 +13,8 @@ from the table in :mod:`autograde.labs` (``kernel_view``):
   imports they need; a name a module imports from a course module outside the view is copied
   in (a chip that re-exports the reference gets the few reference functions it re-exports,
   never the reference module);
-- ``"switch"`` (``source_kernels`` itself): only the package's interpreter switch.
+- ``"switch"`` (``source_kernels`` itself): only the package's interpreter switch (and the
+  interpreter's shortcuts of ``source_kernels.triton_compat``, which the view always holds).
 
 Only ``.py`` files are written (no ``__pycache__``; the kernel runs with
 ``PYTHONDONTWRITEBYTECODE``).  ``stage(assignment, dest)`` returns the folder to put first on
@@ -36,7 +37,8 @@ PACKAGES = ("source_kernels", "autograde")
 SWITCH = '''"""Multi-scale deformable attention in Triton (the grading kernel's view of the package).
 
 Importing it picks Triton's CPU interpreter when no CUDA GPU is visible, before any kernel
-is defined.
+is defined, and then spares the interpreter work that changes no result, as the package
+itself does.
 """
 import os as _os
 
@@ -44,6 +46,9 @@ import torch as _torch
 
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
+if _os.environ.get("TRITON_INTERPRET") == "1":
+    from .triton_compat import interpreter_shortcuts as _shortcuts
+    _shortcuts()
 '''
 
 
