@@ -27,6 +27,7 @@ engine does not import the operator.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -37,7 +38,8 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 __all__ = ["ASTSource", "GPUTarget", "JITFunction", "active_driver", "cuobjdump_path",
-           "grid_executor_arguments", "interpreter", "interpreter_shortcuts", "launcher_parts",
+           "grid_executor_arguments", "interpreter", "interpreter_as_shipped", "interpreter_shortcuts",
+           "launcher_parts",
            "np_dtype", "patch_language_once_per_launch", "remember_np_dtypes", "runtime_knobs",
            "skip_unread_overflow_checks"]
 
@@ -96,7 +98,8 @@ def grid_executor_arguments():
 # ``tl.sum``... of Triton's standard library) swaps them again for the helper's module, by
 # listing every member of ``triton.language`` (``inspect.getmembers``), and never puts those
 # back: a helper called once per program and per loop step repeats that listing thousands of
-# times per launch (about a quarter of the time of one lab 08 answer's checks on a CPU).
+# times per launch (without this shortcut, the operator's forward and backward in the interpreter
+# take half as long again: results/interpreter_shortcuts_cpu.txt).
 # Within one launch, the second call of a helper finds everything its first call swapped still
 # swapped (nothing is put back before the launch ends), so the repeat changes nothing and is
 # skipped; the first call of each helper in each launch still swaps, exactly as before.  A
@@ -160,8 +163,9 @@ def patch_language_once_per_launch() -> bool:
 # interpreter's builder holds ``InterpreterOptions()``, whose ``debug`` is False and which no
 # launch changes (TRITON_DEBUG included), and ``device_assert`` returns at once without
 # ``options.debug``: the comparison is computed and never read, and an overflow wraps silently
-# either way (tests/test_interpreter_patch.py shows both).  Those five extra operations per
-# integer operation are about a fifth of one lab 08 answer's checks on a CPU.
+# either way (tests/test_interpreter_patch.py shows both).  With those five extra operations
+# per integer operation, the operator's forward and backward in the interpreter take about twice
+# as long (results/interpreter_shortcuts_cpu.txt).
 def skip_unread_overflow_checks() -> bool:
     """Switch the interpreter's overflow checks off where their assertion is dropped anyway
     (``debug`` False, and ``device_assert`` reads ``options.debug``); True where done.
@@ -178,15 +182,20 @@ def skip_unread_overflow_checks() -> bool:
             "debug" not in TritonSemantic.device_assert.__code__.co_names:
         return False
     if options.sanitize_overflow:
+        _SHIPPED_OPTIONS["options"] = options
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True
+
+
+_SHIPPED_OPTIONS: dict = {}            # the builder's options before the shortcut replaced them
 
 
 # ------------------------------------------------------------------- the interpreter's dtype table
 # ``_get_np_dtype(triton_type)`` (the numpy dtype a value of that Triton type is stored as)
 # builds its table of 19 dtypes on every call, a few times per interpreted operation.  The
 # answer depends only on the type's class and name (a block type's name holds its element
-# type, a pointer type's its pointee), so it is remembered under those.
+# type, a pointer type's its pointee), so it is remembered under those (about 8% of the
+# operator's forward and backward in the interpreter: results/interpreter_shortcuts_cpu.txt).
 _NP_DTYPES: dict = {}
 
 
@@ -215,8 +224,37 @@ def remember_np_dtypes() -> bool:
     return True
 
 
+SHORTCUTS = (patch_language_once_per_launch, skip_unread_overflow_checks, remember_np_dtypes)
+
+
 def interpreter_shortcuts() -> dict:
     """Install the three shortcuts above (``import source_kernels`` does, in interpreter
     mode); {name: whether this Triton allowed it}."""
-    return {install.__name__: install() for install in (
-        patch_language_once_per_launch, skip_unread_overflow_checks, remember_np_dtypes)}
+    return {install.__name__: install() for install in SHORTCUTS}
+
+
+@contextlib.contextmanager
+def interpreter_as_shipped(*names: str):
+    """The interpreter without the shortcuts named (all of them when none is), as Triton ships
+    it, inside the ``with`` block; whatever was installed is put back afterwards.  For
+    comparing results and timings (tests/test_interpreter_patch.py,
+    scripts/time_interpreter.py); not inside a launch."""
+    known = [install.__name__ for install in SHORTCUTS]
+    unknown = set(names) - set(known)
+    if unknown:
+        raise ValueError(f"no interpreter shortcut named {sorted(unknown)}; there are {known}")
+    names = set(names or known)
+    interp = interpreter()
+    builder = interp.interpreter_builder
+    installed = (interp._patch_lang, interp._get_np_dtype, builder.options)
+    if "patch_language_once_per_launch" in names:
+        interp._patch_lang = getattr(interp._patch_lang, "__wrapped__", interp._patch_lang)
+    if "remember_np_dtypes" in names:
+        interp._get_np_dtype = getattr(interp._get_np_dtype, "__wrapped__",
+                                       interp._get_np_dtype)
+    if "skip_unread_overflow_checks" in names:
+        builder.options = _SHIPPED_OPTIONS.get("options", builder.options)
+    try:
+        yield
+    finally:
+        interp._patch_lang, interp._get_np_dtype, builder.options = installed

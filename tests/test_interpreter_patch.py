@@ -11,7 +11,6 @@ The course's operator, forward and backward, gives the same bits with the shortc
 the interpreter as Triton ships it.  CPU only: on a GPU host the kernels compile and the
 interpreter is not used."""
 import contextlib
-import dataclasses
 
 import pytest
 import torch
@@ -122,19 +121,42 @@ def test_a_launch_that_raised_leaves_nothing_behind():
 
 
 # ---------------------------------------------------------------- the interpreter as shipped
+_as_triton_ships_it = triton_compat.interpreter_as_shipped
+
+
 @contextlib.contextmanager
-def _as_triton_ships_it():
-    """The interpreter without the three shortcuts; they are put back afterwards."""
+def _counting_launches():
+    """The number of launches the interpreter runs inside the block, in a one-item list."""
+    builder = triton_compat.interpreter().interpreter_builder
+    count = [0]
+    grid = builder.set_grid_dim
+
+    def counted(*dims):
+        count[0] += 1
+        return grid(*dims)
+
+    builder.set_grid_dim = counted
+    try:
+        yield count
+    finally:
+        del builder.set_grid_dim                    # the class's own method again
+
+
+def test_as_shipped_undoes_each_shortcut_and_puts_it_back():
     interp = triton_compat.interpreter()
     builder = interp.interpreter_builder
-    installed = (interp._patch_lang, interp._get_np_dtype, builder.options)
-    interp._patch_lang = interp._patch_lang.__wrapped__
-    interp._get_np_dtype = interp._get_np_dtype.__wrapped__
-    builder.options = dataclasses.replace(builder.options, sanitize_overflow=True)
-    try:
-        yield
-    finally:
-        interp._patch_lang, interp._get_np_dtype, builder.options = installed
+    with _as_triton_ships_it():
+        assert not getattr(interp._patch_lang, "_once_per_launch", False)
+        assert not getattr(interp._get_np_dtype, "_remembered", False)
+        assert builder.options.sanitize_overflow is True
+    with _as_triton_ships_it("remember_np_dtypes"):
+        assert not getattr(interp._get_np_dtype, "_remembered", False)
+        assert getattr(interp._patch_lang, "_once_per_launch", False)
+        assert builder.options.sanitize_overflow is False
+    assert getattr(interp._get_np_dtype, "_remembered", False)
+    with pytest.raises(ValueError, match="no interpreter shortcut named"):
+        with _as_triton_ships_it("remember_everything"):
+            pass
 
 
 @triton.jit
@@ -199,9 +221,12 @@ def test_the_operator_gives_the_same_bits_as_the_interpreter_as_shipped():
         leaves = [t for t in args.values() if t.requires_grad]
         return [out.detach()] + [t.grad for t in leaves]
 
-    mine = forward_and_backward()
-    with _as_triton_ships_it():
+    with _counting_launches() as launches:
+        mine = forward_and_backward()
+    with _as_triton_ships_it(), _counting_launches() as shipped_launches:
         shipped = forward_and_backward()
+    # the kernels ran in the interpreter both times (a forward and a backward launch at least)
+    assert launches[0] >= 2 and shipped_launches[0] == launches[0], (launches, shipped_launches)
     assert len(mine) == 4
     for got, expected in zip(mine, shipped):
         assert torch.equal(got, expected)
